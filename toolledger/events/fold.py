@@ -1,0 +1,156 @@
+"""The ledger as a pure fold over the log: the in-memory projection and the replay reference.
+
+`LedgerFold` applies events in log order through `decide()`, skips event_ids it has already
+decided (resends reuse the event_id), and keeps the same three things every store keeps: the
+current records, the append-only history with verdicts, and the runs. `MemoryLedger` is a thin
+shell around it, and tests fold a recorded log with it to compare against PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from pydantic import BaseModel, ConfigDict
+
+from toolledger.events.lifecycle import SigningKeys, decide
+from toolledger.events.models import Event, OperatorEvent, canonical_json
+from toolledger.events.records import CallRecord, Reason, RunRecord, Verdict
+
+
+class HistoryEntry(BaseModel):
+    """One request as the ledger saw it, accepted or rejected, in log order."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    key: str
+    event_id: uuid.UUID
+    event_type: str
+    partition: int
+    offset: int
+    accepted: bool
+    reason: Reason
+    detail: str
+    occurred_at: datetime
+    actor: str
+    version: int | None
+    event_json: str
+
+
+@dataclass(frozen=True)
+class Positioned:
+    """An event with the log position it was read from."""
+
+    partition: int
+    offset: int
+    event: Event
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """A log record that could not be decoded. Its run (from the record key) is quarantined."""
+
+    partition: int
+    offset: int
+    run_id: str | None
+    reason: str
+    payload: bytes
+
+
+def actor_of(event: Event) -> str:
+    """Who appended an event, as auditors read it: an operator's id, else the process."""
+    if isinstance(event, OperatorEvent):
+        return f"operator:{event.operator}"
+    source = getattr(event, "source", "runtime")
+    return f"{source}:{event.producer.host}/{event.producer.pid}"
+
+
+def history_entry(item: Positioned, verdict: Verdict) -> HistoryEntry:
+    event = item.event
+    version = verdict.call.version if verdict.call is not None and event.tool_call_id else None
+    if event.tool_call_id is None and verdict.run is not None:
+        version = verdict.run.version
+    return HistoryEntry(
+        key=event.key,
+        event_id=event.event_id,
+        event_type=event.type,
+        partition=item.partition,
+        offset=item.offset,
+        accepted=verdict.accepted,
+        reason=verdict.reason,
+        detail=verdict.detail,
+        occurred_at=event.occurred_at,
+        actor=actor_of(event),
+        version=version,
+        event_json=event.model_dump_json(),
+    )
+
+
+def quarantined(run: RunRecord | None, run_id: str, reason: str) -> RunRecord:
+    """The run record after a dead letter named it: quarantined, tenant kept if known."""
+    if run is None:
+        return RunRecord(run_id=run_id, tenant_id=None, quarantined=True, quarantine_reason=reason)
+    return run.model_copy(update={"quarantined": True, "quarantine_reason": reason})
+
+
+@dataclass
+class LedgerFold:
+    """Current records, runs and history, folded in log order."""
+
+    keys: SigningKeys = field(default_factory=dict)
+    calls: dict[str, CallRecord] = field(default_factory=dict)
+    runs: dict[str, RunRecord] = field(default_factory=dict)
+    history: list[HistoryEntry] = field(default_factory=list)
+    verdicts: dict[uuid.UUID, Verdict] = field(default_factory=dict)
+    dead_letters: list[DeadLetter] = field(default_factory=list)
+
+    def apply(self, item: Positioned | DeadLetter) -> Verdict | None:
+        """Fold one log record. Returns None for an event_id already decided or a dead letter."""
+        if isinstance(item, DeadLetter):
+            self.dead_letters.append(item)
+            if item.run_id is not None:
+                run = self.runs.get(item.run_id)
+                self.runs[item.run_id] = quarantined(run, item.run_id, item.reason)
+            return None
+        event = item.event
+        if event.event_id in self.verdicts:
+            return None
+        call = self.calls.get(event.key) if event.tool_call_id is not None else None
+        verdict = decide(self.runs.get(event.run_id), call, event, keys=self.keys)
+        self.verdicts[event.event_id] = verdict
+        if verdict.accepted:
+            if verdict.call is not None:
+                self.calls[verdict.call.key] = verdict.call
+            if verdict.run is not None:
+                self.runs[verdict.run.run_id] = verdict.run
+        self.history.append(history_entry(item, verdict))
+        return verdict
+
+    def digest(self) -> str:
+        """A digest of records, runs and history: equal ledgers have equal digests."""
+        return ledger_digest(
+            self.calls.values(), self.runs.values(), self.history, len(self.dead_letters)
+        )
+
+
+def ledger_digest(
+    calls: Iterable[CallRecord],
+    runs: Iterable[RunRecord],
+    history: Iterable[HistoryEntry],
+    dead_letters: int,
+) -> str:
+    """SHA-256 over the canonical JSON of the ledger, in a store-independent order."""
+    h = hashlib.sha256()
+    for call in sorted(calls, key=lambda c: c.key):
+        h.update(canonical_json(call.model_dump(mode="json")).encode())
+    h.update(b"|runs|")
+    for run in sorted(runs, key=lambda r: r.run_id):
+        h.update(canonical_json(run.model_dump(mode="json")).encode())
+    h.update(b"|history|")
+    for entry in sorted(history, key=lambda e: (e.partition, e.offset)):
+        h.update(canonical_json(entry.model_dump(mode="json")).encode())
+    h.update(f"|dead_letters|{dead_letters}".encode())
+    return h.hexdigest()

@@ -1,0 +1,534 @@
+"""The lifecycle decider: which event sequences are legal, as one pure function.
+
+`decide(run, call, event, keys=...)` looks at the current run and call records and one request
+and returns a `Verdict`: accepted or rejected, why, and the records as they stand afterwards.
+Every projection (PostgreSQL, memory) and every replay folds the log through this function and
+nothing else, so they cannot disagree. It does no I/O and reads no clock: the only notion of time
+is the event's `occurred_at` and the reservation's `deadline`.
+
+The rules are the table in ARCHITECTURE.md, "The decider". Their version is
+`toolledger.events.models.SCHEMA_VERSION`; the recorded-log fixture test fails when a change
+would fold an old log differently.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import assert_never
+
+from toolledger.events.models import (
+    CallAbandoned,
+    CallApproved,
+    CallCompensated,
+    CallCompleted,
+    CallEvent,
+    CallFailed,
+    CallIndeterminate,
+    CallRejected,
+    CallReserved,
+    CallResolved,
+    CompensationFailed,
+    CompensationRequested,
+    Event,
+    OperatorEvent,
+    ReconcileAttempted,
+    RunCheckpointed,
+    RunFinished,
+    RunPaused,
+    RunResumed,
+    RunStarted,
+    Signature,
+)
+from toolledger.events.records import (
+    SETTLED,
+    UNSETTLED,
+    CallRecord,
+    Reason,
+    RunRecord,
+    Verdict,
+)
+
+#: How long after a reservation's deadline a `started` call may be settled by someone other than
+#: its runtime. Covers clock skew between the runtime that set the deadline and whoever settles.
+CLOCK_SKEW_GRACE = timedelta(seconds=5)
+
+_FINISHED = frozenset({"completed", "failed", "cancelled"})
+
+SigningKeys = Mapping[str, bytes]
+
+
+def sign(event: OperatorEvent, key_id: str, secret: bytes) -> OperatorEvent:
+    """Return `event` signed with HMAC-SHA256 by `secret` (named `key_id` for rotation)."""
+    mac = hmac.new(secret, event.signing_body(), hashlib.sha256).hexdigest()
+    return event.model_copy(update={"signature": Signature(key_id=key_id, mac=mac)})
+
+
+def _signature_problem(event: OperatorEvent, keys: SigningKeys) -> tuple[Reason, str] | None:
+    if event.signature is None:
+        return (
+            "unsigned",
+            f"operator event for {event.key} is not signed; only the API may append it",
+        )
+    secret = keys.get(event.signature.key_id)
+    if secret is None:
+        return "bad_signature", (
+            f"operator event for {event.key} is signed with unknown key id "
+            f"{event.signature.key_id!r}"
+        )
+    expected = hmac.new(secret, event.signing_body(), hashlib.sha256).hexdigest()
+    if not hmac.compare_digest(expected, event.signature.mac):
+        return (
+            "bad_signature",
+            f"operator event for {event.key} has a signature that does not match",
+        )
+    return None
+
+
+def decide(
+    run: RunRecord | None,
+    call: CallRecord | None,
+    event: Event,
+    *,
+    keys: SigningKeys | None = None,
+) -> Verdict:
+    """Decide one request against the current run and call records.
+
+    `call` must be the record of `event.key` (None for run events or unknown keys) and `run` the
+    record of `event.run_id`. `keys` are the operator-signature keys by key id.
+    """
+    d = _Decision(run, call, event)
+    if run is not None and run.quarantined:
+        return d.reject(
+            "quarantined",
+            f"run {event.run_id} is quarantined ({run.quarantine_reason}); an operator must "
+            "inspect `toolledger dead-letters list` before its events are applied",
+        )
+    if run is not None and run.tenant_id is not None and run.tenant_id != event.tenant_id:
+        return d.reject(
+            "tenant_mismatch",
+            f"run {event.run_id} belongs to another tenant than {event.tenant_id}",
+        )
+    if isinstance(event, OperatorEvent):
+        problem = _signature_problem(event, keys or {})
+        if problem is not None:
+            return d.reject(*problem)
+    return _dispatch(d, event)
+
+
+def _dispatch(d: _Decision, event: Event) -> Verdict:
+    match event:
+        case CallReserved():
+            return _reserved(d, event)
+        case CallCompleted(source="reconcile") | CallFailed(source="reconcile"):
+            return _reconcile_finding(d, event)
+        case ReconcileAttempted():
+            return _reconcile_finding(d, event)
+        case CallCompleted() | CallFailed() | CallIndeterminate():
+            return _runtime_outcome(d, event)
+        case CallAbandoned():
+            return _abandoned(d, event)
+        case CallResolved() | CallApproved() | CallRejected() | CompensationRequested():
+            return _operator(d, event)
+        case CallCompensated() | CompensationFailed():
+            return _compensation_outcome(d, event)
+        case RunStarted() | RunCheckpointed() | RunPaused() | RunResumed() | RunFinished():
+            return _run_event(d, event)
+    raise TypeError(f"the decider has no rule for event type {event.type!r}")
+
+
+class _Decision:
+    """Builds verdicts for one event; keeps `decide` free of repeated boilerplate."""
+
+    def __init__(self, run: RunRecord | None, call: CallRecord | None, event: Event) -> None:
+        self.run = run
+        self.call = call
+        self.event = event
+
+    def reject(self, reason: Reason, detail: str) -> Verdict:
+        return self._verdict(False, reason, detail, self.call, self.run)
+
+    def accept(
+        self, detail: str, call: CallRecord | None = None, run: RunRecord | None = None
+    ) -> Verdict:
+        return self._verdict(True, "accepted", detail, call or self.call, run or self._bound_run())
+
+    def update_call(self, **changes: object) -> CallRecord:
+        """The current call record with `changes`, one version later."""
+        assert self.call is not None
+        return self.call.model_copy(
+            update={
+                **changes,
+                "version": self.call.version + 1,
+                "updated_at": self.event.occurred_at,
+            }
+        )
+
+    def _bound_run(self) -> RunRecord:
+        """The run record after an accepted call event: the first one binds the tenant."""
+        if self.run is not None:
+            return self.run
+        return RunRecord(
+            run_id=self.event.run_id,
+            tenant_id=self.event.tenant_id,
+            updated_at=self.event.occurred_at,
+        )
+
+    def _verdict(
+        self,
+        accepted: bool,
+        reason: Reason,
+        detail: str,
+        call: CallRecord | None,
+        run: RunRecord | None,
+    ) -> Verdict:
+        return Verdict(
+            event_id=self.event.event_id,
+            event_type=self.event.type,
+            key=self.event.key,
+            run_id=self.event.run_id,
+            accepted=accepted,
+            reason=reason,
+            detail=detail,
+            call=call,
+            run=run,
+        )
+
+
+def _fence(d: _Decision, e: CallReserved) -> Verdict | None:
+    """Run fencing (guarantee 8): only the holder of the latest checkpoint may reserve."""
+    run = d.run
+    if e.compensates is not None:
+        return None  # an operator's compensation, not a step of the run's driver
+    if run is None or run.version is None:
+        if e.run_version is not None:
+            return d.reject(
+                "unknown_run",
+                f"reservation of {e.key} claims run version {e.run_version}, but run {e.run_id} "
+                "has no checkpoint",
+            )
+        return None
+    if run.status in _FINISHED:
+        return d.reject(
+            "run_finished", f"run {e.run_id} is {run.status}; it reserves no more calls"
+        )
+    if e.run_version is None:
+        return d.reject(
+            "missing_run_version",
+            f"run {e.run_id} is driven with checkpoints; reserve {e.key} with its run_version",
+        )
+    if e.run_version != run.version or e.tool_call_id not in run.checkpoint_calls:
+        return d.reject(
+            "stale_driver",
+            f"run {e.run_id} is at checkpoint {run.version} (calls {list(run.checkpoint_calls)}); "
+            f"a driver at version {e.run_version} was superseded and must stand down",
+        )
+    return None
+
+
+def _reserved(d: _Decision, e: CallReserved) -> Verdict:
+    fenced = _fence(d, e)
+    if fenced is not None:
+        return fenced
+    if d.run is not None and str(e.reservation_id) in d.run.abandoned:
+        return d.reject(
+            "abandoned_reservation",
+            f"reservation {e.reservation_id} of {e.key} was abandoned by its runtime before it "
+            "arrived; it will never run",
+        )
+    call = d.call
+    if call is None:
+        new = CallRecord(
+            key=e.key,
+            run_id=e.run_id,
+            tool_call_id=e.tool_call_id,
+            tenant_id=e.tenant_id,
+            tool=e.tool,
+            effect=e.effect,
+            status="awaiting_approval" if e.requires_approval else "started",
+            version=1,
+            reservation_id=e.reservation_id,
+            args_digest=e.args_digest,
+            arguments_json=e.arguments_json,
+            requires_approval=e.requires_approval,
+            deadline=e.deadline,
+            created_at=e.occurred_at,
+            updated_at=e.occurred_at,
+        )
+        return d.accept(f"{e.key} reserved", new)
+    if call.args_digest != e.args_digest:
+        return d.reject(
+            "key_conflict",
+            f"{e.key} was reserved with different arguments (digest {call.args_digest[:12]}); "
+            "a new call needs a new tool_call_id",
+        )
+    if call.status == "completed":
+        return d.reject("already_completed", f"{e.key} already completed; its result is recorded")
+    if call.status not in ("failed", "approved"):
+        return d.reject(
+            "held",
+            f"{e.key} is {call.status} under reservation {call.reservation_id}; another driver "
+            "holds it",
+        )
+    approved = call.status == "approved"
+    new = d.update_call(
+        status="awaiting_approval" if e.requires_approval and not approved else "started",
+        reservation_id=e.reservation_id,
+        tool=e.tool,
+        effect=e.effect,
+        arguments_json=e.arguments_json,
+        requires_approval=e.requires_approval,
+        deadline=e.deadline,
+        not_attempted=False,
+        result_json=None,
+        result_reference=None,
+        error=None,
+        settled_by=None,
+        operator=call.operator if approved else None,
+        reason=call.reason if approved else None,
+        reconcile_attempts=0,
+    )
+    return d.accept(f"{e.key} reserved again after {call.status}", new)
+
+
+def _current(d: _Decision, e: CallEvent, reservation_id: object) -> Verdict | CallRecord:
+    """The call record if `reservation_id` is its current reservation, else the rejection."""
+    call = d.call
+    if call is None:
+        return d.reject("unknown_call", f"no reservation of {e.key} was accepted")
+    if call.reservation_id != reservation_id:
+        if call.status in SETTLED or call.status in ("compensating",):
+            return d.reject(
+                "late_outcome",
+                f"{e.key} is already {call.status}; this outcome of an old reservation is kept "
+                "as evidence and ignored",
+            )
+        return d.reject(
+            "not_current_reservation",
+            f"{e.key} is held by reservation {call.reservation_id}, not {reservation_id}",
+        )
+    return call
+
+
+def _runtime_outcome(d: _Decision, e: CallCompleted | CallFailed | CallIndeterminate) -> Verdict:
+    call = _current(d, e, e.reservation_id)
+    if isinstance(call, Verdict):
+        return call
+    if call.status != "started":
+        return d.reject(
+            "late_outcome",
+            f"{e.key} is already {call.status} (settled by {call.settled_by or 'nobody yet'}); "
+            "this late outcome is kept as evidence and ignored",
+        )
+    match e:
+        case CallCompleted():
+            new = d.update_call(
+                status="completed",
+                result_json=e.result_json,
+                result_reference=e.result_reference,
+                settled_by="runtime",
+            )
+        case CallFailed():
+            new = d.update_call(
+                status="failed",
+                error=e.error,
+                not_attempted=e.not_attempted,
+                settled_by="runtime",
+            )
+        case CallIndeterminate():
+            new = d.update_call(status="indeterminate", error=e.error)
+        case _:
+            assert_never(e)
+    return d.accept(f"{e.key} {new.status}", new)
+
+
+def _reconcile_finding(d: _Decision, e: CallCompleted | CallFailed | ReconcileAttempted) -> Verdict:
+    call = _current(d, e, e.reservation_id)
+    if isinstance(call, Verdict):
+        return call
+    if call.status not in UNSETTLED:
+        return d.reject(
+            "late_outcome",
+            f"{e.key} is already {call.status}; this reconcile finding is kept as evidence",
+        )
+    if e.expected_version != call.version:
+        return d.reject(
+            "version_mismatch",
+            f"{e.key} is at version {call.version}, the finding expected {e.expected_version}",
+        )
+    if isinstance(e, CallFailed) and call.status == "started":
+        open_until = call.deadline + CLOCK_SKEW_GRACE
+        if e.occurred_at <= open_until:
+            return d.reject(
+                "before_deadline",
+                f"{e.key} may still be running until {open_until.isoformat()}; it cannot be "
+                "settled failed before then",
+            )
+    match e:
+        case CallCompleted():
+            new = d.update_call(
+                status="completed",
+                result_json=e.result_json,
+                result_reference=e.result_reference,
+                settled_by="reconcile",
+                error=None,
+            )
+        case CallFailed():
+            new = d.update_call(
+                status="failed",
+                error=e.error,
+                not_attempted=e.not_attempted,
+                settled_by="reconcile",
+            )
+        case ReconcileAttempted():
+            new = d.update_call(reconcile_attempts=call.reconcile_attempts + 1)
+        case _:
+            assert_never(e)
+    return d.accept(f"{e.key} reconcile: {e.type}", new)
+
+
+def _abandoned(d: _Decision, e: CallAbandoned) -> Verdict:
+    run = d._bound_run()
+    tomb = str(e.reservation_id)
+    run = (
+        run.model_copy(update={"abandoned": (*run.abandoned, tomb)})
+        if tomb not in run.abandoned
+        else run
+    )
+    call = d.call
+    if call is not None and call.reservation_id == e.reservation_id:
+        if call.status not in ("started", "awaiting_approval", "approved"):
+            return d.reject("late_outcome", f"{e.key} is already {call.status}; abandon ignored")
+        new = d.update_call(
+            status="failed",
+            not_attempted=True,
+            error="abandoned: the runtime got no verdict in time and never ran the tool",
+            settled_by="runtime",
+        )
+        return d.accept(f"{e.key} abandoned before it ran", new, run)
+    return d.accept(f"reservation {tomb} of {e.key} tombstoned", call, run)
+
+
+def _operator(
+    d: _Decision, e: CallResolved | CallApproved | CallRejected | CompensationRequested
+) -> Verdict:
+    call = d.call
+    if call is None:
+        return d.reject("unknown_call", f"no call {e.key} in the ledger")
+    if isinstance(e, CompensationRequested) and call.status == "failed":
+        return d.reject("nothing_to_undo", f"{e.key} failed; there is no effect to compensate")
+    wanted = {
+        "call_resolved": UNSETTLED,
+        "call_approved": frozenset({"awaiting_approval"}),
+        "call_rejected": frozenset({"awaiting_approval"}),
+        "compensation_requested": frozenset({"completed"}),
+    }[e.type]
+    if call.status not in wanted:
+        return d.reject(
+            "status_mismatch",
+            f"{e.key} is {call.status} (version {call.version}); {e.type} needs it "
+            f"{' or '.join(sorted(wanted))}",
+        )
+    if e.expected_version != call.version:
+        return d.reject(
+            "version_mismatch",
+            f"{e.key} moved to version {call.version} ({call.status}); the operator saw "
+            f"version {e.expected_version}",
+        )
+    who = {"settled_by": "operator", "operator": e.operator, "reason": e.reason}
+    match e:
+        case CallResolved():
+            open_until = call.deadline + CLOCK_SKEW_GRACE
+            if call.status == "started" and e.occurred_at <= open_until:
+                return d.reject(
+                    "before_deadline",
+                    f"{e.key} is started and may still be running; resolve it after "
+                    f"{open_until.isoformat()}",
+                )
+            if e.outcome == "completed":
+                new = d.update_call(
+                    status="completed",
+                    result_json=e.value_json if e.value_json is not None else "null",
+                    result_reference=e.result_reference,
+                    **who,
+                )
+            else:
+                new = d.update_call(status="failed", error=e.reason, **who)
+        case CallApproved():
+            new = d.update_call(status="approved", operator=e.operator, reason=e.reason)
+        case CallRejected():
+            new = d.update_call(status="failed", not_attempted=True, error=e.reason, **who)
+        case CompensationRequested():
+            new = d.update_call(status="compensating", operator=e.operator, reason=e.reason)
+        case _:
+            assert_never(e)
+    return d.accept(f"{e.key} {e.type} by {e.operator}", new)
+
+
+def _compensation_outcome(d: _Decision, e: CallCompensated | CompensationFailed) -> Verdict:
+    call = d.call
+    if call is None:
+        return d.reject("unknown_call", f"no call {e.key} in the ledger")
+    if call.status != "compensating":
+        return d.reject(
+            "status_mismatch", f"{e.key} is {call.status}; no compensation is in progress"
+        )
+    match e:
+        case CallCompensated():
+            new = d.update_call(status="compensated")
+        case CompensationFailed():
+            new = d.update_call(status="completed", error=f"compensation failed: {e.error}")
+        case _:
+            assert_never(e)
+    return d.accept(f"{e.key} {new.status}", new)
+
+
+def _run_event(
+    d: _Decision, e: RunStarted | RunCheckpointed | RunPaused | RunResumed | RunFinished
+) -> Verdict:
+    run = d.run
+    if isinstance(e, RunStarted):
+        if run is not None and run.version is not None:
+            return d.reject("run_exists", f"run {e.run_id} was already started")
+        base = d._bound_run()
+        new = base.model_copy(
+            update={
+                "version": 0,
+                "status": "running",
+                "agent": e.agent,
+                "updated_at": e.occurred_at,
+            }
+        )
+        return d.accept(f"run {e.run_id} started", run=new)
+    if run is None or run.version is None:
+        return d.reject("unknown_run", f"run {e.run_id} was never started with checkpoints")
+    if run.status in _FINISHED:
+        return d.reject("run_finished", f"run {e.run_id} is {run.status}")
+    if e.expected_version != run.version:
+        return d.reject(
+            "stale_driver",
+            f"run {e.run_id} is at checkpoint {run.version}; a driver at {e.expected_version} "
+            "was superseded and must stand down",
+        )
+    match e:
+        case RunCheckpointed():
+            update: dict[str, object] = {
+                "version": run.version + 1,
+                "status": "running",
+                "checkpoint_calls": e.tool_call_ids,
+                "state_json": e.state_json,
+                "waiting_on": None,
+            }
+        case RunPaused():
+            status = "paused" if e.reason == "host" else e.reason
+            update = {"status": status, "waiting_on": e.waiting_on}
+        case RunResumed():
+            update = {"status": "running", "waiting_on": None}
+        case RunFinished():
+            update = {"status": e.outcome, "waiting_on": None}
+        case _:
+            assert_never(e)
+    new = run.model_copy(update={**update, "updated_at": e.occurred_at})
+    return d.accept(f"run {e.run_id} {e.type}", run=new)

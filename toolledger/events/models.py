@@ -1,0 +1,327 @@
+"""The requests that runtimes, operators and processors append to `toolledger.events`.
+
+Every request is a frozen pydantic model with a common envelope. The log is the record of truth,
+so these models are the product's durable API: each one has an Avro schema in
+`toolledger/schemas/` and a released field is never removed or retyped, only added with a default
+(see `toolledger.events.codec`).
+
+Times are timezone-aware UTC with microsecond precision; the lifecycle decider reads time only
+from these fields (`occurred_at`, `deadline`), never from a clock, so a replay folds the same way
+years later.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import uuid
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal, Self
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+#: Version of the event schemas *and* of the decider's rules. A rule change that would fold an
+#: old log differently ships with a new version; the recorded-log fixture test guards it.
+SCHEMA_VERSION = 1
+
+Source = Literal["runtime", "reconcile", "operator"]
+ResolvedOutcome = Literal["completed", "failed"]
+RunOutcome = Literal["completed", "failed", "cancelled"]
+PauseReason = Literal["awaiting_reconciliation", "awaiting_approval", "duplicate_intent", "host"]
+
+
+def utcnow() -> datetime:
+    """Now, as the envelope stores it: UTC, truncated to microseconds."""
+    return datetime.now(UTC)
+
+
+def _as_utc(value: datetime) -> datetime:
+    if value.tzinfo is None:
+        raise ValueError("timestamps must be timezone-aware (UTC)")
+    return value.astimezone(UTC)
+
+
+UtcDatetime = Annotated[datetime, AfterValidator(_as_utc)]
+
+
+def _no_colon(value: str) -> str:
+    if ":" in value:
+        raise ValueError("run_id must not contain ':' (it is the key separator)")
+    if not value:
+        raise ValueError("run_id must not be empty")
+    return value
+
+
+RunId = Annotated[str, AfterValidator(_no_colon)]
+
+
+def canonical_json(value: Any) -> str:
+    """JSON with sorted keys and no whitespace: the form that digests and signatures cover."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def args_digest(arguments: Any) -> str:
+    """SHA-256 of the canonical JSON of a call's arguments (the key-conflict fingerprint)."""
+    return hashlib.sha256(canonical_json(arguments).encode()).hexdigest()
+
+
+def call_key(run_id: str, tool_call_id: str) -> str:
+    """The idempotency key of a call: `<run_id>:<tool_call_id>`."""
+    return f"{run_id}:{tool_call_id}"
+
+
+class Producer(BaseModel):
+    """Which process appended the event (shown to auditors as the actor)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    host: str
+    pid: int
+
+    @classmethod
+    def this_process(cls) -> Producer:
+        return cls(host=socket.gethostname(), pid=os.getpid())
+
+
+class Signature(BaseModel):
+    """HMAC-SHA256 over the event's canonical body, by the API key named `key_id`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    key_id: str
+    mac: str
+
+
+class Event(BaseModel):
+    """The envelope every request carries.
+
+    `key` is `<run_id>:<tool_call_id>` for call events and the run_id for run events; the log is
+    keyed by run_id, so a run and all its calls are totally ordered in one partition.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    type: str
+    event_id: uuid.UUID = Field(default_factory=uuid.uuid4)
+    key: str
+    run_id: RunId
+    tool_call_id: str | None = None
+    tenant_id: str = Field(min_length=1)
+    occurred_at: UtcDatetime = Field(default_factory=utcnow)
+    producer: Producer = Field(default_factory=Producer.this_process)
+    schema_version: int = SCHEMA_VERSION
+
+    @model_validator(mode="after")
+    def _key_matches(self) -> Self:
+        expected = (
+            self.run_id if self.tool_call_id is None else call_key(self.run_id, self.tool_call_id)
+        )
+        if self.key != expected:
+            raise ValueError(f"key {self.key!r} must be {expected!r} for this run_id/tool_call_id")
+        return self
+
+
+class CallEvent(Event):
+    """An event about one tool call."""
+
+    tool_call_id: str = Field(min_length=1)
+
+
+class CallReserved(CallEvent):
+    """A driver asks to run the call. `deadline` is when the runtime stops waiting for the tool."""
+
+    type: Literal["call_reserved"] = "call_reserved"
+    reservation_id: uuid.UUID = Field(default_factory=uuid.uuid4)
+    run_version: int | None = None
+    tool: str
+    effect: Literal["read", "write", "external", "destructive"] = "write"
+    args_digest: str
+    arguments_json: str = "{}"
+    requires_approval: bool = False
+    deadline: UtcDatetime
+    #: Set on the reservation of a compensation call (`<key>:compensate`): the key it undoes.
+    #: Such a call is started by an operator, not by the run's driver, so it carries no run_version.
+    compensates: str | None = None
+
+
+class CallCompleted(CallEvent):
+    """The tool returned (source runtime) or its reconcile hook found the effect (reconcile)."""
+
+    type: Literal["call_completed"] = "call_completed"
+    reservation_id: uuid.UUID
+    result_json: str = "null"
+    result_reference: str | None = None
+    source: Literal["runtime", "reconcile"] = "runtime"
+    expected_version: int | None = None
+
+
+class CallFailed(CallEvent):
+    """The call definitely did not take effect (or a reconcile hook proved so)."""
+
+    type: Literal["call_failed"] = "call_failed"
+    reservation_id: uuid.UUID
+    error: str
+    error_type: str | None = None
+    not_attempted: bool = False
+    source: Literal["runtime", "reconcile"] = "runtime"
+    expected_version: int | None = None
+
+
+class CallIndeterminate(CallEvent):
+    """The request may have left and no answer came back: nobody knows whether it took effect."""
+
+    type: Literal["call_indeterminate"] = "call_indeterminate"
+    reservation_id: uuid.UUID
+    error: str
+    error_type: str | None = None
+
+
+class CallAbandoned(CallEvent):
+    """The runtime gave up waiting for its reservation's verdict and never ran the tool."""
+
+    type: Literal["call_abandoned"] = "call_abandoned"
+    reservation_id: uuid.UUID
+
+
+class ReconcileAttempted(CallEvent):
+    """A reconcile hook ran and could not tell; kept as evidence for operators."""
+
+    type: Literal["reconcile_attempted"] = "reconcile_attempted"
+    reservation_id: uuid.UUID
+    expected_version: int
+    attempt: int
+    detail: str = ""
+
+
+class OperatorEvent(CallEvent):
+    """A decision by a person, signed by the operator API so a runtime cannot forge one."""
+
+    operator: str = Field(min_length=1)
+    reason: str = Field(min_length=1)
+    expected_version: int
+    signature: Signature | None = None
+
+    def signing_body(self) -> bytes:
+        """The bytes the signature covers: the canonical JSON of everything but the signature."""
+        body = self.model_dump(mode="json", exclude={"signature"})
+        return canonical_json(body).encode()
+
+
+class CallResolved(OperatorEvent):
+    """An operator settles an unknown (or overdue started) call."""
+
+    type: Literal["call_resolved"] = "call_resolved"
+    outcome: ResolvedOutcome
+    value_json: str | None = None
+    result_reference: str | None = None
+
+
+class CallApproved(OperatorEvent):
+    type: Literal["call_approved"] = "call_approved"
+
+
+class CallRejected(OperatorEvent):
+    type: Literal["call_rejected"] = "call_rejected"
+
+
+class CompensationRequested(OperatorEvent):
+    type: Literal["compensation_requested"] = "compensation_requested"
+
+
+class CallCompensated(CallEvent):
+    """The compensation call (`<key>:compensate`) completed."""
+
+    type: Literal["call_compensated"] = "call_compensated"
+    compensation_key: str
+    result_json: str = "null"
+
+
+class CompensationFailed(CallEvent):
+    """The compensation call failed definitely; the original effect stands."""
+
+    type: Literal["compensation_failed"] = "compensation_failed"
+    compensation_key: str
+    error: str
+
+
+class RunEvent(Event):
+    """An event about a run as a whole (key = run_id)."""
+
+    tool_call_id: None = None
+
+
+class RunStarted(RunEvent):
+    type: Literal["run_started"] = "run_started"
+    agent: str = ""
+
+
+class RunCheckpointed(RunEvent):
+    """The driver saved the transcript and lists the tool calls it is about to make."""
+
+    type: Literal["run_checkpointed"] = "run_checkpointed"
+    expected_version: int
+    tool_call_ids: tuple[str, ...] = ()
+    state_json: str = "{}"
+
+
+class RunPaused(RunEvent):
+    type: Literal["run_paused"] = "run_paused"
+    expected_version: int
+    reason: PauseReason
+    waiting_on: str | None = None
+
+
+class RunResumed(RunEvent):
+    type: Literal["run_resumed"] = "run_resumed"
+    expected_version: int
+
+
+class RunFinished(RunEvent):
+    type: Literal["run_finished"] = "run_finished"
+    expected_version: int
+    outcome: RunOutcome
+    detail: str = ""
+
+
+AnyEvent = Annotated[
+    CallReserved
+    | CallCompleted
+    | CallFailed
+    | CallIndeterminate
+    | CallAbandoned
+    | ReconcileAttempted
+    | CallResolved
+    | CallApproved
+    | CallRejected
+    | CompensationRequested
+    | CallCompensated
+    | CompensationFailed
+    | RunStarted
+    | RunCheckpointed
+    | RunPaused
+    | RunResumed
+    | RunFinished,
+    Field(discriminator="type"),
+]
+
+EVENT_TYPES: tuple[type[Event], ...] = (
+    CallReserved,
+    CallCompleted,
+    CallFailed,
+    CallIndeterminate,
+    CallAbandoned,
+    ReconcileAttempted,
+    CallResolved,
+    CallApproved,
+    CallRejected,
+    CompensationRequested,
+    CallCompensated,
+    CompensationFailed,
+    RunStarted,
+    RunCheckpointed,
+    RunPaused,
+    RunResumed,
+    RunFinished,
+)
