@@ -85,8 +85,8 @@ class LogReader(ABC):
         """Read exactly these partitions, each from the given offset (replacing any before)."""
 
     @abstractmethod
-    async def fetch(self, timeout: float, max_records: int = 10_000) -> dict[int, list[LogRecord]]:
-        """Records available now (waiting up to `timeout` s for the first), by partition."""
+    async def fetch(self, max_wait: float, max_records: int = 10_000) -> dict[int, list[LogRecord]]:
+        """Records available now (waiting up to `max_wait` s for the first), by partition."""
 
     @abstractmethod
     async def close(self) -> None: ...

@@ -1,7 +1,8 @@
 """The LedgerStore port: where the projection lives.
 
 Adapters: `toolledger.projections.postgres.PostgresLedger` and
-`toolledger.projections.memory.MemoryLedger`, both run through `tests/contract/test_ledger_store.py`.
+`toolledger.projections.memory.MemoryLedger`, both run through the contract suite in
+`tests/contract/test_ledger_store.py`.
 
 The promise that makes projection exactly-once without Kafka transactions: `apply_batch` writes
 the records, the history, the verdicts and the partition's next offset in one atomic step, and
