@@ -17,7 +17,7 @@ import hashlib
 import hmac
 from collections.abc import Mapping
 from datetime import timedelta
-from typing import assert_never
+from typing import TypeVar, assert_never
 
 from toolledger.events.models import (
     CallAbandoned,
@@ -58,9 +58,10 @@ CLOCK_SKEW_GRACE = timedelta(seconds=5)
 _FINISHED = frozenset({"completed", "failed", "cancelled"})
 
 SigningKeys = Mapping[str, bytes]
+_Op = TypeVar("_Op", bound=OperatorEvent)
 
 
-def sign(event: OperatorEvent, key_id: str, secret: bytes) -> OperatorEvent:
+def sign(event: _Op, key_id: str, secret: bytes) -> _Op:
     """Return `event` signed with HMAC-SHA256 by `secret` (named `key_id` for rotation)."""
     mac = hmac.new(secret, event.signing_body(), hashlib.sha256).hexdigest()
     return event.model_copy(update={"signature": Signature(key_id=key_id, mac=mac)})
