@@ -1,0 +1,230 @@
+"""The projector: the single writer that folds `toolledger.events` into the ledger.
+
+One loop per process. Every ownership round it takes the partitions whose advisory lock it can
+get, checks the log identity (epoch marker at offset 0, partition count) against what the ledger
+recorded, and seeks each to the next offset stored in PostgreSQL. Every fetch is applied per
+partition in one `apply_batch` transaction (records, history, verdicts, next offset by
+compare-and-set). If the compare-and-set misses, another process owns the partition now: the
+batch rolled back and the projector lets the partition go.
+
+Unreadable records: an unknown schema fingerprint halts the partition (a newer writer is ahead
+of this reader; folding around it would skip an event of some run). Bytes that cannot be decoded
+at all are dead letters: published to the DLQ topic with the reason in the headers, recorded in
+`dead_letters`, and their run is quarantined, all in the same transaction as the offset move.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+from toolledger.events.codec import DecodeError, decode
+from toolledger.events.fold import DeadLetter, Positioned
+from toolledger.events.log import EventLog, LogIdentity, LogIdentityError, LogReader, LogRecord
+from toolledger.events.records import Verdict
+from toolledger.projections.ownership import PartitionLocks
+from toolledger.projections.store import LedgerStore, OffsetConflict
+
+log = logging.getLogger("toolledger.projector")
+
+VerdictSink = Callable[[int, Sequence[Verdict]], Awaitable[None]]
+
+
+class PartitionHalted(Exception):
+    """A partition stopped at a record this projector cannot read."""
+
+
+def run_id_of(key: bytes | None) -> str | None:
+    """The run a record's key names, if it names one (for quarantining dead letters)."""
+    if not key:
+        return None
+    try:
+        text = key.decode()
+    except UnicodeDecodeError:
+        return None
+    return text if ":" not in text else None
+
+
+@dataclass
+class ProjectorStats:
+    applied: int = 0
+    batches: int = 0
+    dead_letters: int = 0
+    conflicts: int = 0
+    halted: dict[int, str] = field(default_factory=dict)
+    owned_since: dict[int, float] = field(default_factory=dict)
+
+
+class Projector:
+    """Folds owned partitions of the events topic into a `LedgerStore`."""
+
+    def __init__(
+        self,
+        log: EventLog,
+        store: LedgerStore,
+        locks: PartitionLocks,
+        *,
+        dlq: EventLog | None = None,
+        on_verdicts: VerdictSink | None = None,
+        batch_size: int = 2000,
+        fetch_wait_ms: int = 5,
+        ownership_interval: float = 0.25,
+    ) -> None:
+        self.log = log
+        self.store = store
+        self.locks = locks
+        self.dlq = dlq
+        self.on_verdicts = on_verdicts
+        self.batch_size = batch_size
+        self.fetch_wait = fetch_wait_ms / 1000
+        self.ownership_interval = ownership_interval
+        self.stats = ProjectorStats()
+        self._owned: dict[int, int] = {}
+        self._identity: LogIdentity | None = None
+        self._reader: LogReader | None = None
+        self._stopping = asyncio.Event()
+        self._next_ownership = 0.0
+
+    @property
+    def owned(self) -> dict[int, int]:
+        """Partitions this process projects now, with their next offsets."""
+        return dict(self._owned)
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    async def run(self) -> None:
+        """Project until `stop()`; raises `LogIdentityError` if the log is not the ledger's."""
+        self._identity = await self.log.identity()
+        await self.store.bind_log(self._identity)
+        self._reader = self.log.reader()
+        try:
+            while not self._stopping.is_set():
+                await self.step()
+        finally:
+            await self._reader.close()
+            await self.locks.close()
+
+    async def step(self) -> int:
+        """One ownership check (when due) and one fetch-and-apply; returns events applied."""
+        assert self._reader is not None and self._identity is not None
+        now = time.monotonic()
+        if now >= self._next_ownership:
+            self._next_ownership = now + self.ownership_interval
+            await self._rebalance()
+        if not self._owned:
+            await asyncio.sleep(min(self.ownership_interval, 0.05))
+            return 0
+        batch = await self._reader.fetch(max_wait=self.fetch_wait, max_records=self.batch_size)
+        applied = 0
+        for partition, records in batch.items():
+            if partition in self._owned:
+                applied += await self._apply(partition, records)
+        return applied
+
+    async def _rebalance(self) -> None:
+        assert self._reader is not None and self._identity is not None
+        before = set(self._owned)
+        if not await self.locks.check():
+            log.warning("lost the partition locks (PostgreSQL session ended); standing down")
+            self._owned.clear()
+        taken = await self.locks.acquire(range(self._identity.partitions))
+        if taken:
+            await self._check_identity()
+        for partition in sorted(taken):
+            state = await self.store.partition_state(partition)
+            if state is None:
+                raise LogIdentityError(f"the ledger has no offset row for partition {partition}")
+            self._owned[partition] = state.next_offset
+            self.stats.owned_since[partition] = time.monotonic()
+            log.info("took partition %d at offset %d", partition, state.next_offset)
+        if set(self._owned) != before or taken:
+            await self._reader.assign(
+                {p: o for p, o in self._owned.items() if p not in self.stats.halted}
+            )
+
+    async def _check_identity(self) -> None:
+        """On every ownership change: offset 0 still holds the epoch the ledger was built from."""
+        identity = await self.log.identity()
+        await self.store.bind_log(identity)
+
+    async def _apply(self, partition: int, records: list[LogRecord]) -> int:
+        start = self._owned[partition]
+        items: list[Positioned | DeadLetter] = []
+        dead: list[tuple[LogRecord, str]] = []
+        next_offset = start
+        halted: str | None = None
+        for record in records:
+            if record.offset < next_offset:
+                continue
+            if record.is_epoch_marker:
+                next_offset = record.offset + 1
+                continue
+            try:
+                event = decode(record.value)
+                if run_id_of(record.key) != event.run_id:
+                    raise ValueError(
+                        f"record key {record.key!r} is not the event's run_id {event.run_id!r}"
+                    )
+            except DecodeError as err:
+                if err.reason == "unknown_fingerprint":
+                    halted = (
+                        f"partition {partition} offset {record.offset}: {err}. The partition is "
+                        "halted; upgrade this projector to a version that knows the schema"
+                    )
+                    break
+                items.append(self._dead(partition, record, str(err)))
+                dead.append((record, str(err)))
+            except ValueError as err:
+                items.append(self._dead(partition, record, f"malformed: {err}"))
+                dead.append((record, f"malformed: {err}"))
+            else:
+                items.append(Positioned(partition, record.offset, event))
+            next_offset = record.offset + 1
+        if next_offset > start:
+            await self._publish_dead(partition, dead)
+            try:
+                verdicts = await self.store.apply_batch(partition, start, next_offset, items)
+            except OffsetConflict as conflict:
+                self.stats.conflicts += 1
+                log.warning("%s; releasing it", conflict)
+                self._owned.pop(partition, None)
+                self._next_ownership = 0.0
+                return 0
+            self._owned[partition] = next_offset
+            self.stats.applied += len(verdicts)
+            self.stats.dead_letters += len(dead)
+            self.stats.batches += 1
+            if self.on_verdicts is not None and verdicts:
+                await self.on_verdicts(partition, verdicts)
+        else:
+            verdicts = []
+        if halted is not None:
+            log.error(halted)
+            self.stats.halted[partition] = halted
+            assert self._reader is not None
+            await self._reader.assign(
+                {p: o for p, o in self._owned.items() if p not in self.stats.halted}
+            )
+        return len(verdicts)
+
+    @staticmethod
+    def _dead(partition: int, record: LogRecord, reason: str) -> DeadLetter:
+        return DeadLetter(partition, record.offset, run_id_of(record.key), reason, record.value)
+
+    async def _publish_dead(self, partition: int, dead: list[tuple[LogRecord, str]]) -> None:
+        """Copy dead letters to the DLQ topic before their offsets commit (at least once)."""
+        if self.dlq is None:
+            return
+        for record, reason in dead:
+            headers = [
+                ("reason", reason.encode()),
+                ("partition", str(partition).encode()),
+                ("offset", str(record.offset).encode()),
+                ("topic", self.log.topic.encode()),
+            ]
+            key = record.key.decode(errors="replace") if record.key else ""
+            await self.dlq.append(key, record.value, headers)

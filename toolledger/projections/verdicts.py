@@ -1,0 +1,181 @@
+"""Waiting for verdicts: "append, then await a durable verdict".
+
+Verdicts are rows keyed by event_id, written in the projector's transaction. A waiter never
+trusts a notification's content or its arrival: `pg_notify` (payload: the event_id, delivered on
+commit) only says "look now". Every pending event_id is re-read from `verdicts` on a hint, after
+the listener reconnects, and every 50 ms regardless, so a lost notification or a killed LISTEN
+connection costs at most one poll interval, never a verdict. One LISTEN connection serves every
+waiter of the process; one query reads all pending event_ids at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+import asyncpg
+
+from toolledger.events.records import Verdict
+
+log = logging.getLogger("toolledger.verdicts")
+
+POLL_INTERVAL = 0.05
+
+
+class LedgerUnavailable(Exception):
+    """No verdict came in time: Kafka, the projector or PostgreSQL is down or behind.
+
+    Raised before a tool runs, it means the call was not attempted.
+    """
+
+
+class VerdictSource(ABC):
+    """Reads durable verdicts by event_id."""
+
+    @abstractmethod
+    async def verdicts(self, event_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, Verdict]: ...
+
+
+class VerdictWaiter:
+    """Resolves `wait(event_id)` futures from a `VerdictSource`, woken by hints and a timer."""
+
+    def __init__(self, source: VerdictSource, poll_interval: float = POLL_INTERVAL) -> None:
+        self._source = source
+        self._poll_interval = poll_interval
+        self._pending: dict[uuid.UUID, list[asyncio.Future[Verdict]]] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.polls = 0
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._loop(), name="toolledger-verdict-waiter")
+
+    async def close(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for futures in self._pending.values():
+            for fut in futures:
+                if not fut.done():
+                    fut.set_exception(LedgerUnavailable("the ledger client was closed"))
+        self._pending.clear()
+
+    def hint(self, event_id: uuid.UUID | None = None) -> None:
+        """Something may have been decided (a notification, a reconnect): look now."""
+        if event_id is None or event_id in self._pending:
+            self._wake.set()
+
+    async def wait(self, event_id: uuid.UUID, timeout: float) -> Verdict:
+        """The verdict of `event_id`; `LedgerUnavailable` if none within `timeout` seconds."""
+        await self.start()
+        fut: asyncio.Future[Verdict] = asyncio.get_running_loop().create_future()
+        self._pending.setdefault(event_id, []).append(fut)
+        self._wake.set()
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except TimeoutError:
+            raise LedgerUnavailable(
+                f"no verdict for event {event_id} within {timeout:g}s: the projector, Kafka or "
+                "PostgreSQL is down or behind"
+            ) from None
+        finally:
+            futures = self._pending.get(event_id)
+            if futures is not None and fut in futures:
+                futures.remove(fut)
+                if not futures:
+                    del self._pending[event_id]
+
+    async def _loop(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self._poll_interval)
+            self._wake.clear()
+            if not self._pending:
+                continue
+            self.polls += 1
+            try:
+                found = await self._source.verdicts(list(self._pending))
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                log.warning("reading verdicts failed (%s); retrying", exc)
+                await asyncio.sleep(self._poll_interval)
+                continue
+            for event_id, verdict in found.items():
+                for fut in self._pending.pop(event_id, []):
+                    if not fut.done():
+                        fut.set_result(verdict)
+
+
+class PostgresNotifications:
+    """The process's one LISTEN connection: turns `pg_notify` payloads into waiter hints.
+
+    If the connection dies it reconnects with backoff and hints every waiter, because
+    notifications sent while it was down are lost.
+    """
+
+    def __init__(self, dsn: str, channel: str, waiter: VerdictWaiter) -> None:
+        self._dsn = dsn
+        self._channel = channel
+        self._waiter = waiter
+        self._conn: asyncpg.Connection | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._lost = asyncio.Event()
+        self.reconnects = 0
+
+    async def start(self) -> None:
+        await self._connect()
+        self._task = asyncio.create_task(self._watch(), name="toolledger-listen")
+
+    @property
+    def backend_pid(self) -> int | None:
+        """The listener's server pid (drills kill it to prove waiters survive)."""
+        return None if self._conn is None else self._conn.get_server_pid()
+
+    async def _connect(self) -> None:
+        conn = await asyncpg.connect(self._dsn)
+        conn.add_termination_listener(lambda _c: self._lost.set())
+        await conn.add_listener(self._channel, self._on_notify)
+        self._conn = conn
+        self._lost.clear()
+
+    def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+        try:
+            self._waiter.hint(uuid.UUID(payload))
+        except ValueError:
+            self._waiter.hint()
+
+    async def _watch(self) -> None:
+        delay = 0.05
+        while True:
+            await self._lost.wait()
+            log.warning("LISTEN connection lost; reconnecting")
+            self._waiter.hint()
+            while True:
+                try:
+                    await self._connect()
+                except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                    log.warning("LISTEN reconnect failed (%s)", exc)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 2.0)
+                    continue
+                self.reconnects += 1
+                delay = 0.05
+                self._waiter.hint()
+                break
+
+    async def close(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        conn, self._conn = self._conn, None
+        if conn is not None and not conn.is_closed():
+            with contextlib.suppress(Exception):
+                await conn.close(timeout=2)
