@@ -8,7 +8,8 @@ Log identity: when toolledger creates a topic it writes an *epoch marker* at off
 partition: the same random UUID and the partition count. The projector stores the epoch with its
 offsets and checks it on ownership, so a broker that lost its data, a recreated topic or a changed
 partition count is detected instead of silently folded as a new history. End offsets are never
-used for correctness.
+used for correctness. Both adapters judge what offset 0 holds with the same function
+(`identity_from_offset_zero`), so the memory twin fails with the same words as Kafka.
 """
 
 from __future__ import annotations
@@ -77,16 +78,134 @@ def parse_epoch_marker(record: LogRecord) -> LogIdentity | None:
     )
 
 
+_RECOVERY = (
+    "the ledger in PostgreSQL is intact; restore the topic, or start a new ledger schema and "
+    "replay into it"
+)
+
+
+def identity_from_offset_zero(
+    topic: str, partitions: int, first: Mapping[int, LogRecord | None]
+) -> LogIdentity:
+    """Judge the first record of every partition (None: none could be read) as a log identity.
+
+    Every partition must start at offset 0 with a marker of this topic, all with one epoch and a
+    partition count equal to the topic's real one (`partitions`); anything else raises
+    `LogIdentityError` naming the partition, what was found and what to do. A changed partition
+    count is reported as such even though the added partitions also lack markers.
+    """
+    found: dict[int, LogIdentity] = {}
+    problems: list[str] = []
+    for partition in range(partitions):
+        judged = _judge_offset_zero(topic, partition, first.get(partition))
+        if isinstance(judged, LogIdentity):
+            found[partition] = judged
+        else:
+            problems.append(judged)
+    counts = {marker.partitions for marker in found.values()}
+    if counts and counts != {partitions}:
+        raise LogIdentityError(
+            f"{topic} has {partitions} partitions but its epoch markers say "
+            f"{', '.join(map(str, sorted(counts)))}: its partition count was changed, which moves "
+            "runs to other partitions and breaks their order; never change the partition count "
+            "of a ledger topic: migrate to a new topic and replay"
+        )
+    if problems:
+        raise LogIdentityError(problems[0])
+    epochs = {marker.epoch for marker in found.values()}
+    if len(epochs) > 1:
+        listing = ", ".join(f"partition {p}: {m.epoch}" for p, m in sorted(found.items()))
+        raise LogIdentityError(
+            f"the partitions of {topic} carry different epochs ({listing}): they come from "
+            f"different incarnations of the topic; {_RECOVERY}"
+        )
+    return LogIdentity(topic=topic, epoch=epochs.pop(), partitions=partitions)
+
+
+def _judge_offset_zero(topic: str, partition: int, record: LogRecord | None) -> LogIdentity | str:
+    """The marker a partition starts with, or what is wrong with it."""
+    where = f"partition {partition} of {topic}"
+    if record is None:
+        return (
+            f"{where} has no epoch marker at offset 0 (the partition is empty): the broker "
+            f"lost its data or the topic was recreated or auto-created; {_RECOVERY}"
+        )
+    if record.offset != 0:
+        return (
+            f"{where} starts at offset {record.offset}, not 0: its beginning, where the epoch "
+            f"marker was, has been deleted (retention or delete-records); {_RECOVERY}"
+        )
+    try:
+        marker = parse_epoch_marker(record)
+    except (ValueError, KeyError, TypeError) as exc:
+        return f"{where} holds an unreadable epoch marker at offset 0 ({exc}); {_RECOVERY}"
+    if marker is None:
+        return (
+            f"{where} has no epoch marker at offset 0 (it holds an ordinary record): the topic "
+            "was not created by toolledger (auto-created by the broker on first use, or created "
+            "by hand); delete it and run ensure_topic before anything writes to it, or if it "
+            f"held a ledger's history, {_RECOVERY}"
+        )
+    if marker.topic != topic:
+        return (
+            f"{where} holds the epoch marker of topic {marker.topic}: it was copied from another "
+            f"topic, so its offsets are not the ones the ledger stored; {_RECOVERY}"
+        )
+    return marker
+
+
+def partition_for(key: str, partitions: int) -> int:
+    """The partition a record with this key lands in: Kafka's default partitioner (murmur2).
+
+    Every adapter uses it, so a run lands in the same partition number in memory and on Kafka.
+    """
+    return (_murmur2(key.encode()) & 0x7FFFFFFF) % partitions
+
+
+def _murmur2(data: bytes) -> int:
+    """MurmurHash2 as Kafka's Java client computes it, as an unsigned 32-bit number."""
+    m, seed = 0x5BD1E995, 0x9747B28C
+    h = (seed ^ len(data)) & 0xFFFFFFFF
+    whole = len(data) - len(data) % 4
+    for i in range(0, whole, 4):
+        k = int.from_bytes(data[i : i + 4], "little")
+        k = (k * m) & 0xFFFFFFFF
+        k ^= k >> 24
+        k = (k * m) & 0xFFFFFFFF
+        h = ((h * m) & 0xFFFFFFFF) ^ k
+    tail = data[whole:]
+    if tail:
+        h ^= int.from_bytes(tail, "little")
+        h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 15
+    return h
+
+
 class LogReader(ABC):
-    """Reads assigned partitions from given offsets, in offset order per partition."""
+    """Reads assigned partitions from given offsets, in offset order per partition.
+
+    It returns every record, epoch markers included (offset 0 of a topic made by `ensure_topic`):
+    readers skip them with `LogRecord.is_epoch_marker`. It never commits offsets anywhere: the
+    caller stores its position with its own data and seeks to it.
+    """
 
     @abstractmethod
     async def assign(self, positions: Mapping[int, int]) -> None:
-        """Read exactly these partitions, each from the given offset (replacing any before)."""
+        """Read exactly these partitions, each from the given offset (replacing any before).
+
+        Raises `LogError` if the topic or a partition does not exist, rather than letting a
+        broker auto-create a topic without epoch markers.
+        """
 
     @abstractmethod
     async def fetch(self, max_wait: float, max_records: int = 10_000) -> dict[int, list[LogRecord]]:
-        """Records available now (waiting up to `max_wait` s for the first), by partition."""
+        """Records available now (waiting up to `max_wait` s for the first), by partition.
+
+        An empty result means nothing new arrived in time, never that the log ended: an offset
+        past the end just yields nothing (some brokers do not report it as out of range).
+        """
 
     @abstractmethod
     async def close(self) -> None: ...
@@ -110,7 +229,19 @@ class EventLog(ABC):
 
     @abstractmethod
     async def ensure_topic(self, partitions: int) -> LogIdentity:
-        """Create the topic with epoch markers if it does not exist; return its identity."""
+        """Create the topic with epoch markers if it does not exist; return its identity.
+
+        Only the call that creates the topic writes markers, so an existing topic is never given
+        a second one; its identity (whose partition count may differ from the one asked for) is
+        read and checked as `identity` does.
+        """
+
+    @abstractmethod
+    async def create_topic(self, partitions: int) -> bool:
+        """Create the topic without epoch markers (dead letters, facts); True if this call did.
+
+        Same retention as the ledger topic: kept forever, never compacted.
+        """
 
     @abstractmethod
     async def identity(self) -> LogIdentity:
@@ -124,7 +255,12 @@ class EventLog(ABC):
     async def append(
         self, key: str, value: bytes, headers: Sequence[tuple[str, bytes]] = ()
     ) -> Position:
-        """Append durably; the position once acknowledged."""
+        """Append durably; the position once acknowledged.
+
+        The partition is `partition_for(key, partitions)`. Raises `LogError` if the topic does
+        not exist, or if the append failed; a failed append may still have landed, so a caller
+        resends the same event (same event_id) and the projector applies it once.
+        """
 
     @abstractmethod
     def reader(self) -> LogReader:

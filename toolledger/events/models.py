@@ -37,6 +37,10 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+#: Avro `long`: every integer in an event must fit in 64 signed bits.
+Long = Annotated[int, Field(ge=0, le=2**63 - 1)]
+
+
 def _as_utc(value: datetime) -> datetime:
     if value.tzinfo is None:
         raise ValueError("timestamps must be timezone-aware (UTC)")
@@ -78,7 +82,7 @@ class Producer(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     host: str
-    pid: int
+    pid: Long
 
     @classmethod
     def this_process(cls) -> Producer:
@@ -111,7 +115,7 @@ class Event(BaseModel):
     tenant_id: str = Field(min_length=1)
     occurred_at: UtcDatetime = Field(default_factory=utcnow)
     producer: Producer = Field(default_factory=Producer.this_process)
-    schema_version: int = SCHEMA_VERSION
+    schema_version: Long = SCHEMA_VERSION
 
     @model_validator(mode="after")
     def _key_matches(self) -> Self:
@@ -134,7 +138,7 @@ class CallReserved(CallEvent):
 
     type: Literal["call_reserved"] = "call_reserved"
     reservation_id: uuid.UUID = Field(default_factory=uuid.uuid4)
-    run_version: int | None = None
+    run_version: Long | None = None
     tool: str
     effect: Literal["read", "write", "external", "destructive"] = "write"
     args_digest: str
@@ -154,7 +158,7 @@ class CallCompleted(CallEvent):
     result_json: str = "null"
     result_reference: str | None = None
     source: Literal["runtime", "reconcile"] = "runtime"
-    expected_version: int | None = None
+    expected_version: Long | None = None
 
 
 class CallFailed(CallEvent):
@@ -166,7 +170,7 @@ class CallFailed(CallEvent):
     error_type: str | None = None
     not_attempted: bool = False
     source: Literal["runtime", "reconcile"] = "runtime"
-    expected_version: int | None = None
+    expected_version: Long | None = None
 
 
 class CallIndeterminate(CallEvent):
@@ -190,8 +194,8 @@ class ReconcileAttempted(CallEvent):
 
     type: Literal["reconcile_attempted"] = "reconcile_attempted"
     reservation_id: uuid.UUID
-    expected_version: int
-    attempt: int
+    expected_version: Long
+    attempt: Long
     detail: str = ""
 
 
@@ -200,7 +204,7 @@ class OperatorEvent(CallEvent):
 
     operator: str = Field(min_length=1)
     reason: str = Field(min_length=1)
-    expected_version: int
+    expected_version: Long
     signature: Signature | None = None
 
     def signing_body(self) -> bytes:
@@ -219,14 +223,20 @@ class CallResolved(OperatorEvent):
 
 
 class CallApproved(OperatorEvent):
+    """An operator lets a call that requires approval run."""
+
     type: Literal["call_approved"] = "call_approved"
 
 
 class CallRejected(OperatorEvent):
+    """An operator refuses a call that requires approval: failed, not attempted."""
+
     type: Literal["call_rejected"] = "call_rejected"
 
 
 class CompensationRequested(OperatorEvent):
+    """An operator asks to undo a completed call (the only way compensation ever starts)."""
+
     type: Literal["compensation_requested"] = "compensation_requested"
 
 
@@ -253,6 +263,8 @@ class RunEvent(Event):
 
 
 class RunStarted(RunEvent):
+    """A run driven with checkpoints begins (version 0); its tenant is bound."""
+
     type: Literal["run_started"] = "run_started"
     agent: str = ""
 
@@ -261,26 +273,32 @@ class RunCheckpointed(RunEvent):
     """The driver saved the transcript and lists the tool calls it is about to make."""
 
     type: Literal["run_checkpointed"] = "run_checkpointed"
-    expected_version: int
+    expected_version: Long
     tool_call_ids: tuple[str, ...] = ()
     state_json: str = "{}"
 
 
 class RunPaused(RunEvent):
+    """The run waits: on an unknown call, an approval, a duplicate intent, or its host."""
+
     type: Literal["run_paused"] = "run_paused"
-    expected_version: int
+    expected_version: Long
     reason: PauseReason
     waiting_on: str | None = None
 
 
 class RunResumed(RunEvent):
+    """The run's driver carries on after a pause."""
+
     type: Literal["run_resumed"] = "run_resumed"
-    expected_version: int
+    expected_version: Long
 
 
 class RunFinished(RunEvent):
+    """The run ended; it reserves no more calls."""
+
     type: Literal["run_finished"] = "run_finished"
-    expected_version: int
+    expected_version: Long
     outcome: RunOutcome
     detail: str = ""
 

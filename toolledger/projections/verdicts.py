@@ -144,9 +144,15 @@ class PostgresNotifications:
         self._conn = conn
         self._lost.clear()
 
-    def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+    def _on_notify(
+        self,
+        _conn: asyncpg.Connection | asyncpg.pool.PoolConnectionProxy,
+        _pid: int,
+        _channel: str,
+        payload: object,
+    ) -> None:
         try:
-            self._waiter.hint(uuid.UUID(payload))
+            self._waiter.hint(uuid.UUID(str(payload)))
         except ValueError:
             self._waiter.hint()
 
