@@ -25,6 +25,7 @@ from toolledger.events.codec import DecodeError, decode
 from toolledger.events.fold import DeadLetter, Positioned
 from toolledger.events.log import EventLog, LogIdentity, LogIdentityError, LogReader, LogRecord
 from toolledger.events.records import Verdict
+from toolledger.projections.facts import FactsPublisher, facts_of
 from toolledger.projections.ownership import PartitionLocks
 from toolledger.projections.store import LedgerStore, OffsetConflict
 
@@ -68,6 +69,7 @@ class Projector:
         locks: PartitionLocks,
         *,
         dlq: EventLog | None = None,
+        facts: FactsPublisher | None = None,
         on_verdicts: VerdictSink | None = None,
         batch_size: int = 2000,
         fetch_wait_ms: int = 5,
@@ -77,6 +79,7 @@ class Projector:
         self.store = store
         self.locks = locks
         self.dlq = dlq
+        self.facts = facts
         self.on_verdicts = on_verdicts
         self.batch_size = batch_size
         self.fetch_wait = fetch_wait_ms / 1000
@@ -141,6 +144,7 @@ class Projector:
             self._owned[partition] = state.next_offset
             self.stats.owned_since[partition] = time.monotonic()
             log.info("took partition %d at offset %d", partition, state.next_offset)
+            await self._catch_up_facts(partition, state.next_offset)
         if set(self._owned) != before or taken:
             await self._reader.assign(
                 {p: o for p, o in self._owned.items() if p not in self.stats.halted}
@@ -198,6 +202,10 @@ class Projector:
             self.stats.applied += len(verdicts)
             self.stats.dead_letters += len(dead)
             self.stats.batches += 1
+            if self.facts is not None:
+                await self.facts.publish(facts_of(items, verdicts))
+                if self.facts.mark_due(partition):
+                    await self.store.mark_facts_published(partition, next_offset)
             if self.on_verdicts is not None and verdicts:
                 await self.on_verdicts(partition, verdicts)
         else:
@@ -210,6 +218,19 @@ class Projector:
                 {p: o for p, o in self._owned.items() if p not in self.stats.halted}
             )
         return len(verdicts)
+
+    async def _catch_up_facts(self, partition: int, next_offset: int) -> None:
+        """Republish facts a previous owner committed but may not have published (at least once)."""
+        if self.facts is None:
+            return
+        published = await self.store.facts_published(partition)
+        while published < next_offset:
+            facts = await self.store.facts_since(partition, published, limit=self.batch_size)
+            if not facts:
+                break
+            await self.facts.publish(facts)
+            published = facts[-1].offset + 1
+        await self.store.mark_facts_published(partition, next_offset)
 
     @staticmethod
     def _dead(partition: int, record: LogRecord, reason: str) -> DeadLetter:

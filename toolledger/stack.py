@@ -1,0 +1,150 @@
+"""Wiring: the parts of a ledger assembled for one process, embedded or against real services.
+
+`LedgerStack.memory()` is the embedded default: a memory log, a memory ledger and an in-process
+projector, for the demo and for users' unit tests. `LedgerStack.connect(settings)` talks to Kafka
+and PostgreSQL; it runs a projector only when asked (`toolledger projector` does), because in
+production projectors are their own processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from toolledger.events.kafka import KafkaLog
+from toolledger.events.log import EventLog
+from toolledger.events.memory import MemoryBroker
+from toolledger.events.records import Verdict
+from toolledger.projections.commands import LedgerCommands
+from toolledger.projections.facts import FactsPublisher
+from toolledger.projections.memory import MemoryLedger
+from toolledger.projections.ownership import MemoryPartitionLocks, PostgresPartitionLocks
+from toolledger.projections.postgres import PostgresLedger
+from toolledger.projections.projector import Projector, VerdictSink
+from toolledger.projections.store import LedgerStore
+from toolledger.projections.verdicts import PostgresNotifications, VerdictSource, VerdictWaiter
+from toolledger.settings import Settings
+
+log = logging.getLogger("toolledger.stack")
+
+
+class _StoreVerdicts(VerdictSource):
+    def __init__(self, store: LedgerStore) -> None:
+        self._store = store
+
+    async def verdicts(self, event_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, Verdict]:
+        return await self._store.verdicts(event_ids)
+
+
+@dataclass
+class LedgerStack:
+    """Everything one process uses to append requests and read the ledger."""
+
+    events: EventLog
+    facts: EventLog
+    dlq: EventLog
+    store: LedgerStore
+    waiter: VerdictWaiter
+    commands: LedgerCommands
+    projector: Projector | None = None
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    _listeners: list[PostgresNotifications] = field(default_factory=list)
+
+    @classmethod
+    async def memory(
+        cls,
+        *,
+        partitions: int = 4,
+        signing_keys: dict[str, bytes] | None = None,
+        broker: MemoryBroker | None = None,
+    ) -> LedgerStack:
+        broker = broker or MemoryBroker()
+        events = broker.log("toolledger.events")
+        await events.ensure_topic(partitions)
+        facts = broker.log("toolledger.ledger")
+        dlq = broker.log("toolledger.events.dlq")
+        for topic in (facts, dlq):
+            await topic.create_topic(partitions)
+        store = MemoryLedger(signing_keys=signing_keys)
+        await store.start()
+        waiter = VerdictWaiter(_StoreVerdicts(store))
+        projector = Projector(
+            events,
+            store,
+            MemoryPartitionLocks(),
+            dlq=dlq,
+            facts=FactsPublisher(facts),
+            on_verdicts=_hint_waiter(waiter),
+            fetch_wait_ms=50,
+        )
+        stack = cls(events, facts, dlq, store, waiter, LedgerCommands(events, waiter), projector)
+        await waiter.start()
+        stack._tasks.append(asyncio.create_task(projector.run(), name="toolledger-projector"))
+        return stack
+
+    @classmethod
+    async def connect(
+        cls, settings: Settings, *, run_projector: bool = False, create_topics: bool = True
+    ) -> LedgerStack:
+        database_url, bootstrap = settings.require_services()
+        events = KafkaLog(bootstrap, settings.events_topic)
+        facts = KafkaLog(bootstrap, settings.facts_topic)
+        dlq = KafkaLog(bootstrap, settings.dlq_topic)
+        for topic in (events, facts, dlq):
+            await topic.start()
+        if create_topics:
+            await events.ensure_topic(settings.partitions)
+            await facts.create_topic(settings.partitions)
+            await dlq.create_topic(1)
+        store = PostgresLedger(
+            database_url, settings.schema_name, signing_keys=settings.signing_secrets()
+        )
+        await store.start()
+        waiter = VerdictWaiter(_StoreVerdicts(store))
+        listener = PostgresNotifications(database_url, store.notify_channel, waiter)
+        await listener.start()
+        await waiter.start()
+        projector = None
+        if run_projector:
+            projector = Projector(
+                events,
+                store,
+                PostgresPartitionLocks(database_url, settings.schema_name),
+                dlq=dlq,
+                facts=FactsPublisher(facts),
+                batch_size=settings.batch_size,
+                fetch_wait_ms=settings.fetch_wait_ms,
+            )
+        stack = cls(events, facts, dlq, store, waiter, LedgerCommands(events, waiter), projector)
+        stack._listeners.append(listener)
+        if projector is not None:
+            stack._tasks.append(asyncio.create_task(projector.run(), name="toolledger-projector"))
+        return stack
+
+    async def close(self) -> None:
+        if self.projector is not None:
+            self.projector.stop()
+        for task in self._tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await self.waiter.close()
+        for listener in self._listeners:
+            await listener.close()
+        await self.store.close()
+        for topic in (self.events, self.facts, self.dlq):
+            await topic.close()
+
+
+def _hint_waiter(waiter: VerdictWaiter) -> VerdictSink:
+    """In-process projector -> waiter: no notifications needed, hint directly."""
+
+    async def hint(_partition: int, verdicts: Sequence[Verdict]) -> None:
+        for verdict in verdicts:
+            waiter.hint(verdict.event_id)
+
+    return hint
