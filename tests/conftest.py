@@ -1,41 +1,122 @@
 """Session services and per-test isolation (schemas, topic names).
 
-Minimal placeholder: the dev-stack helper replaces the internals; the fixture names and types are
-the contract other tests rely on.
+Tests that need PostgreSQL or Kafka get the real services, found the way `toolledger dev up`
+finds them (`toolledger.devstack`): the `TOOLLEDGER_*` env vars, else the live stack recorded in
+the project's `.toolledger/state.json` (what `make test` brings up), else a stack this pytest
+session starts and stops itself. A service that cannot be started fails the run; nothing here
+skips. Each test then gets its own PostgreSQL schema and its own topic-name prefix, so tests
+sharing one server never see each other's rows or records.
+
+The fixture names and types below are the contract the rest of the suite relies on.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
+import shutil
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import asyncpg
 import pytest
+from aiokafka.admin import AIOKafkaAdminClient
+
+from toolledger.devstack import STATE_DIR, DevStack, Services, resolve_services
+
+_SESSIONS_DIR = Path(STATE_DIR) / "sessions"
 
 
 @pytest.fixture(scope="session")
-def pg_dsn() -> str:
-    return os.environ["TOOLLEDGER_DATABASE_URL"]
+def dev_services(request: pytest.FixtureRequest) -> Iterator[Services]:
+    """The services of this test session, started here only when nothing else provides them."""
+    root = request.config.rootpath
+    found = resolve_services(root)
+    if found is not None:
+        yield found
+        return
+    _stop_abandoned_session_stacks(root / _SESSIONS_DIR)
+    stack = DevStack(root / _SESSIONS_DIR / str(os.getpid()))
+    try:
+        yield stack.up()
+    finally:
+        stack.down()
+        shutil.rmtree(stack.project_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
-def kafka_bootstrap() -> str:
-    return os.environ["TOOLLEDGER_KAFKA_BOOTSTRAP"]
+def pg_dsn(dev_services: Services) -> str:
+    return dev_services.database_url
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(dev_services: Services) -> str:
+    return dev_services.kafka_bootstrap
 
 
 @pytest.fixture
 async def pg_schema(pg_dsn: str) -> AsyncIterator[str]:
+    """A fresh schema for this test, dropped with everything in it afterwards."""
     name = f"t_{uuid.uuid4().hex[:12]}"
     conn = await asyncpg.connect(pg_dsn)
     try:
         await conn.execute(f'CREATE SCHEMA "{name}"')
-        yield name
-        await conn.execute(f'DROP SCHEMA "{name}" CASCADE')
+    finally:
+        await conn.close()
+    yield name
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
     finally:
         await conn.close()
 
 
 @pytest.fixture
-def topic_prefix() -> str:
-    return f"t{uuid.uuid4().hex[:12]}"
+def topic_prefix(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A unique prefix for this test's topic names; its topics are deleted afterwards.
+
+    Deletion is best effort and happens only when the test uses Kafka at all, so tests that
+    only need unique names do not start a broker.
+    """
+    prefix = f"t{uuid.uuid4().hex[:12]}"
+    yield prefix
+    if "kafka_bootstrap" in request.fixturenames:
+        bootstrap: str = request.getfixturevalue("kafka_bootstrap")
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            pool.submit(asyncio.run, _delete_topics(bootstrap, prefix)).result()
+
+
+async def _delete_topics(bootstrap: str, prefix: str) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000)
+    with contextlib.suppress(Exception):
+        try:
+            await asyncio.wait_for(admin.start(), 5)
+            topics = [t for t in await admin.list_topics() if t.startswith(prefix)]
+            if topics:
+                await asyncio.wait_for(admin.delete_topics(topics), 10)
+        finally:
+            await admin.close()
+
+
+def _stop_abandoned_session_stacks(sessions: Path) -> None:
+    """Stop stacks left by pytest sessions that were killed before their teardown ran."""
+    if not sessions.is_dir():
+        return
+    for home in sessions.iterdir():
+        if not home.name.isdigit() or _pid_exists(int(home.name)):
+            continue
+        DevStack(home).down()
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def _pid_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,74 @@
+# Development entry points. Every tool runs from .venv explicitly, so no activated venv is needed.
+# Recipes are POSIX sh.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+TOOLLEDGER := $(BIN)/toolledger
+PYTEST_ARGS ?=
+
+.PHONY: help venv lint test pytest demo bench clean
+
+help:
+	@echo "make venv    create .venv and install toolledger with its test extras"
+	@echo "make lint    ruff check, ruff format --check, mypy --strict"
+	@echo "make test    lint, then the whole test suite against the dev stack"
+	@echo "make pytest  the whole test suite against the dev stack, without lint"
+	@echo "make demo    the demo (arrives later)"
+	@echo "make bench   the benchmarks"
+	@echo "make clean   stop the dev stack, remove caches and build output (keeps .venv)"
+
+venv: $(STAMP)
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+# Reinstall whenever pyproject.toml changes (new dependency, new extra, new entry point).
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -e '.[test]'
+	touch $(STAMP)
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+test: venv lint
+	@$(MAKE) --no-print-directory pytest
+
+# Brings the dev stack up unless both services are given (or a stack already runs), runs the
+# whole suite, and stops the stack again only if this recipe started it, keeping pytest's status.
+# pytest's status 5 means it collected no tests, which here means a broken suite.
+pytest: venv
+	@started=no; \
+	if [ -z "$${TOOLLEDGER_DATABASE_URL:-}" ] || [ -z "$${TOOLLEDGER_KAFKA_BOOTSTRAP:-}" ]; then \
+		if ! $(TOOLLEDGER) dev status --check; then \
+			started=yes; \
+			trap '$(TOOLLEDGER) dev down; exit 130' INT TERM; \
+			$(TOOLLEDGER) dev up || { $(TOOLLEDGER) dev down; exit 1; }; \
+		fi; \
+	fi; \
+	status=0; $(BIN)/pytest $(PYTEST_ARGS) || status=$$?; \
+	if [ "$$started" = yes ]; then $(TOOLLEDGER) dev down || true; fi; \
+	if [ "$$status" -eq 5 ]; then echo "pytest collected no tests: failing" >&2; status=1; fi; \
+	exit $$status
+
+demo: venv
+	@if $(TOOLLEDGER) demo --help >/dev/null 2>&1; then \
+		$(TOOLLEDGER) demo; \
+	else \
+		echo "The demo arrives later: nothing to run yet."; \
+	fi
+
+bench: venv
+	@if [ -f benchmarks/__main__.py ]; then \
+		$(BIN)/python -m benchmarks; \
+	else \
+		echo "No benchmarks yet (benchmarks/__main__.py is missing)."; \
+	fi
+
+clean:
+	@if [ -x $(TOOLLEDGER) ]; then $(TOOLLEDGER) dev down || true; fi
+	rm -rf .toolledger build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	find . -path ./$(VENV) -prune -o -type d -name __pycache__ -exec rm -rf {} +

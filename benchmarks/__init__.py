@@ -1,0 +1,1 @@
+"""Benchmarks: each prints its result as a ratio against a floor measured in the same run."""

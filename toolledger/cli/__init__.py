@@ -1,0 +1,30 @@
+"""The `toolledger` command: one click group, each subcommand in its own module.
+
+A module under `toolledger/cli/` defines its group or command and is registered here with
+`main.add_command`, in the order a user meets the commands (help lists them in that order, not
+alphabetically), so adding a command never means editing another command's module.
+"""
+
+from __future__ import annotations
+
+import click
+
+from toolledger.cli.dev import dev
+
+
+class _InOrderGroup(click.Group):
+    """A group whose help lists commands in registration order."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(self.commands)
+
+
+@click.group(cls=_InOrderGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="toolledger")
+def main() -> None:
+    """toolledger: make an AI agent's tool calls take effect once, and say so when unknown."""
+
+
+main.add_command(dev)
+
+__all__ = ["main"]
