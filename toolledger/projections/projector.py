@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from toolledger.events.codec import DecodeError, decode
 from toolledger.events.fold import DeadLetter, Positioned
 from toolledger.events.log import EventLog, LogIdentity, LogIdentityError, LogReader, LogRecord
+from toolledger.events.models import Event
 from toolledger.events.records import Verdict
 from toolledger.projections.facts import FactsPublisher, facts_of
 from toolledger.projections.ownership import PartitionLocks
@@ -47,6 +48,63 @@ def run_id_of(key: bytes | None) -> str | None:
     except UnicodeDecodeError:
         return None
     return text if ":" not in text else None
+
+
+@dataclass
+class DecodedBatch:
+    """A partition's fetched records, decoded: what to apply, and where the batch ends."""
+
+    items: list[Positioned | DeadLetter]
+    dead: list[DeadLetter]
+    next_offset: int
+    halted: str | None = None
+
+
+def decode_records(
+    partition: int,
+    records: Sequence[LogRecord],
+    start: int,
+    decode: Callable[[bytes], Event] = decode,
+) -> DecodedBatch:
+    """Decode records from offset `start` on; stop before a record of an unknown schema.
+
+    Shared by the projector and replay so both fold exactly the same items.
+    """
+    batch = DecodedBatch(items=[], dead=[], next_offset=start)
+    for record in records:
+        if record.offset < batch.next_offset:
+            continue
+        if record.is_epoch_marker:
+            batch.next_offset = record.offset + 1
+            continue
+        try:
+            event = decode(record.value)
+            if run_id_of(record.key) != event.run_id:
+                raise ValueError(
+                    f"malformed: record key {record.key!r} is not the event's run_id "
+                    f"{event.run_id!r}"
+                )
+        except DecodeError as err:
+            if err.reason == "unknown_fingerprint":
+                batch.halted = (
+                    f"partition {partition} offset {record.offset}: {err} The partition is "
+                    "halted; upgrade this projector to a version that knows the schema"
+                )
+                break
+            batch.dead.append(_dead(partition, record, str(err)))
+        except ValueError as err:
+            batch.dead.append(_dead(partition, record, str(err)))
+        else:
+            batch.items.append(Positioned(partition, record.offset, event))
+            batch.next_offset = record.offset + 1
+            continue
+        batch.items.append(batch.dead[-1])
+        batch.next_offset = record.offset + 1
+    return batch
+
+
+def _dead(partition: int, record: LogRecord, reason: str) -> DeadLetter:
+    return DeadLetter(partition, record.offset, run_id_of(record.key), reason, record.value)
 
 
 @dataclass
@@ -74,6 +132,7 @@ class Projector:
         batch_size: int = 2000,
         fetch_wait_ms: int = 5,
         ownership_interval: float = 0.25,
+        decode: Callable[[bytes], Event] = decode,
     ) -> None:
         self.log = log
         self.store = store
@@ -84,7 +143,9 @@ class Projector:
         self.batch_size = batch_size
         self.fetch_wait = fetch_wait_ms / 1000
         self.ownership_interval = ownership_interval
+        self.decode = decode
         self.stats = ProjectorStats()
+        self._resync: set[int] = set()
         self._owned: dict[int, int] = {}
         self._identity: LogIdentity | None = None
         self._reader: LogReader | None = None
@@ -129,26 +190,36 @@ class Projector:
         return applied
 
     async def _rebalance(self) -> None:
+        """Drop partitions whose lock is gone, take free ones, re-seek those that need it."""
         assert self._reader is not None and self._identity is not None
-        before = set(self._owned)
         if not await self.locks.check():
             log.warning("lost the partition locks (PostgreSQL session ended); standing down")
-            self._owned.clear()
+        held = self.locks.held()
+        dropped = set(self._owned) - held
+        for partition in dropped:
+            self._owned.pop(partition)
         taken = await self.locks.acquire(range(self._identity.partitions))
+        resync = (taken | self._resync) & self.locks.held()
+        self._resync.clear()
         if taken:
             await self._check_identity()
-        for partition in sorted(taken):
+        for partition in sorted(resync):
             state = await self.store.partition_state(partition)
             if state is None:
                 raise LogIdentityError(f"the ledger has no offset row for partition {partition}")
             self._owned[partition] = state.next_offset
-            self.stats.owned_since[partition] = time.monotonic()
-            log.info("took partition %d at offset %d", partition, state.next_offset)
-            await self._catch_up_facts(partition, state.next_offset)
-        if set(self._owned) != before or taken:
-            await self._reader.assign(
-                {p: o for p, o in self._owned.items() if p not in self.stats.halted}
-            )
+            if partition in taken:
+                self.stats.owned_since[partition] = time.monotonic()
+                log.info("took partition %d at offset %d", partition, state.next_offset)
+                await self._catch_up_facts(partition, state.next_offset)
+        if dropped or resync:
+            await self._assign()
+
+    async def _assign(self) -> None:
+        assert self._reader is not None
+        await self._reader.assign(
+            {p: o for p, o in self._owned.items() if p not in self.stats.halted}
+        )
 
     async def _check_identity(self) -> None:
         """On every ownership change: offset 0 still holds the epoch the ledger was built from."""
@@ -157,66 +228,35 @@ class Projector:
 
     async def _apply(self, partition: int, records: list[LogRecord]) -> int:
         start = self._owned[partition]
-        items: list[Positioned | DeadLetter] = []
-        dead: list[tuple[LogRecord, str]] = []
-        next_offset = start
-        halted: str | None = None
-        for record in records:
-            if record.offset < next_offset:
-                continue
-            if record.is_epoch_marker:
-                next_offset = record.offset + 1
-                continue
+        batch = decode_records(partition, records, start, self.decode)
+        verdicts: list[Verdict] = []
+        if batch.next_offset > start:
+            await self._publish_dead(partition, batch.dead)
             try:
-                event = decode(record.value)
-                if run_id_of(record.key) != event.run_id:
-                    raise ValueError(
-                        f"record key {record.key!r} is not the event's run_id {event.run_id!r}"
-                    )
-            except DecodeError as err:
-                if err.reason == "unknown_fingerprint":
-                    halted = (
-                        f"partition {partition} offset {record.offset}: {err}. The partition is "
-                        "halted; upgrade this projector to a version that knows the schema"
-                    )
-                    break
-                items.append(self._dead(partition, record, str(err)))
-                dead.append((record, str(err)))
-            except ValueError as err:
-                items.append(self._dead(partition, record, f"malformed: {err}"))
-                dead.append((record, f"malformed: {err}"))
-            else:
-                items.append(Positioned(partition, record.offset, event))
-            next_offset = record.offset + 1
-        if next_offset > start:
-            await self._publish_dead(partition, dead)
-            try:
-                verdicts = await self.store.apply_batch(partition, start, next_offset, items)
+                verdicts = await self.store.apply_batch(
+                    partition, start, batch.next_offset, batch.items
+                )
             except OffsetConflict as conflict:
                 self.stats.conflicts += 1
-                log.warning("%s; releasing it", conflict)
+                log.warning("%s; re-reading its position", conflict)
                 self._owned.pop(partition, None)
+                self._resync.add(partition)
                 self._next_ownership = 0.0
                 return 0
-            self._owned[partition] = next_offset
+            self._owned[partition] = batch.next_offset
             self.stats.applied += len(verdicts)
-            self.stats.dead_letters += len(dead)
+            self.stats.dead_letters += len(batch.dead)
             self.stats.batches += 1
             if self.facts is not None:
-                await self.facts.publish(facts_of(items, verdicts))
+                await self.facts.publish(facts_of(batch.items, verdicts))
                 if self.facts.mark_due(partition):
-                    await self.store.mark_facts_published(partition, next_offset)
+                    await self.store.mark_facts_published(partition, batch.next_offset)
             if self.on_verdicts is not None and verdicts:
                 await self.on_verdicts(partition, verdicts)
-        else:
-            verdicts = []
-        if halted is not None:
-            log.error(halted)
-            self.stats.halted[partition] = halted
-            assert self._reader is not None
-            await self._reader.assign(
-                {p: o for p, o in self._owned.items() if p not in self.stats.halted}
-            )
+        if batch.halted is not None:
+            log.error(batch.halted)
+            self.stats.halted[partition] = batch.halted
+            await self._assign()
         return len(verdicts)
 
     async def _catch_up_facts(self, partition: int, next_offset: int) -> None:
@@ -232,20 +272,15 @@ class Projector:
             published = facts[-1].offset + 1
         await self.store.mark_facts_published(partition, next_offset)
 
-    @staticmethod
-    def _dead(partition: int, record: LogRecord, reason: str) -> DeadLetter:
-        return DeadLetter(partition, record.offset, run_id_of(record.key), reason, record.value)
-
-    async def _publish_dead(self, partition: int, dead: list[tuple[LogRecord, str]]) -> None:
+    async def _publish_dead(self, partition: int, dead: list[DeadLetter]) -> None:
         """Copy dead letters to the DLQ topic before their offsets commit (at least once)."""
         if self.dlq is None:
             return
-        for record, reason in dead:
+        for letter in dead:
             headers = [
-                ("reason", reason.encode()),
+                ("reason", letter.reason.encode()),
                 ("partition", str(partition).encode()),
-                ("offset", str(record.offset).encode()),
+                ("offset", str(letter.offset).encode()),
                 ("topic", self.log.topic.encode()),
             ]
-            key = record.key.decode(errors="replace") if record.key else ""
-            await self.dlq.append(key, record.value, headers)
+            await self.dlq.append(letter.run_id or "", letter.payload, headers)
