@@ -125,6 +125,13 @@ class LedgerStack:
             stack._tasks.append(asyncio.create_task(projector.run(), name="toolledger-projector"))
         return stack
 
+    @property
+    def projector_task(self) -> asyncio.Task[None]:
+        """The in-process projector's task (only when this stack runs one)."""
+        if self.projector is None or not self._tasks:
+            raise RuntimeError("this stack runs no projector")
+        return self._tasks[0]
+
     async def close(self) -> None:
         if self.projector is not None:
             self.projector.stop()

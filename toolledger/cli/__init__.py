@@ -10,6 +10,8 @@ from __future__ import annotations
 import click
 
 from toolledger.cli.dev import dev
+from toolledger.cli.ledger import dead_letters, history, replay_command
+from toolledger.cli.projector import projector
 
 
 class _InOrderGroup(click.Group):
@@ -26,5 +28,9 @@ def main() -> None:
 
 
 main.add_command(dev)
+main.add_command(projector)
+main.add_command(history)
+main.add_command(dead_letters)
+main.add_command(replay_command)
 
 __all__ = ["main"]

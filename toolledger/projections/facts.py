@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict
@@ -38,11 +39,12 @@ class Fact(BaseModel):
         ]
 
 
-def facts_of(
-    items: Sequence[Positioned | DeadLetter], verdicts: Sequence[Verdict]
-) -> list[Fact]:
+def facts_of(items: Sequence[Positioned | DeadLetter], verdicts: Sequence[Verdict]) -> list[Fact]:
     """Pair a batch's verdicts with the positions and bodies of the events they decided."""
-    by_id = {item.event.event_id: item for item in items if isinstance(item, Positioned)}
+    by_id: dict[uuid.UUID, Positioned] = {}
+    for item in items:
+        if isinstance(item, Positioned):
+            by_id.setdefault(item.event.event_id, item)  # a resend keeps the first position
     facts = []
     for verdict in verdicts:
         item = by_id[verdict.event_id]

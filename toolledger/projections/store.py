@@ -9,18 +9,24 @@ the records, the history, the verdicts and the partition's next offset in one at
 only if the stored next offset still equals the batch's first offset. A zombie projector that
 lost its partition therefore applies nothing (`OffsetConflict`), and a crash between "applied"
 and "offset saved" cannot happen because they are the same commit.
+
+The helpers after the port (`check_batch`, `check_identity`, `batch_reads`, `BatchFold`) are
+the parts of that promise every adapter shares, so that the stores cannot disagree on what a
+batch means, what a changed log looks like, or how a batch folds.
 """
 
 from __future__ import annotations
 
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from toolledger.events.fold import DeadLetter, HistoryEntry, Positioned
-from toolledger.events.log import LogIdentity
+from toolledger.events.fold import DeadLetter, HistoryEntry, LedgerFold, Positioned, ledger_digest
+from toolledger.events.lifecycle import SigningKeys
+from toolledger.events.log import LogIdentity, LogIdentityError
 from toolledger.events.records import CallRecord, RunRecord, Verdict
+from toolledger.projections.facts import Fact
 
 
 class StoreError(Exception):
@@ -48,6 +54,21 @@ class PartitionState:
     next_offset: int
     epoch: uuid.UUID
     partitions: int
+
+
+@dataclass(frozen=True)
+class LedgerSnapshot:
+    """The whole ledger at one moment: what replay compares and `digest()` covers."""
+
+    calls: dict[str, CallRecord]
+    runs: dict[str, RunRecord]
+    history: list[HistoryEntry]
+    dead_letters: int
+
+    def digest(self) -> str:
+        return ledger_digest(
+            self.calls.values(), self.runs.values(), self.history, self.dead_letters
+        )
 
 
 class LedgerStore(ABC):
@@ -92,15 +113,171 @@ class LedgerStore(ABC):
 
     @abstractmethod
     async def history(self, key: str) -> list[HistoryEntry]:
-        """Every event of `key` (a call key or a run_id), accepted or rejected, in log order."""
+        """Every event whose key is `key`, accepted or rejected, in log order: a call key gives
+        that call's events, a run_id the run's own events (started, checkpointed, ...)."""
 
     @abstractmethod
     async def verdicts(self, event_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, Verdict]:
         """The durable verdicts of those event_ids that have one."""
 
     @abstractmethod
-    async def dead_letters(self) -> list[DeadLetter]: ...
+    async def dead_letters(self) -> list[DeadLetter]:
+        """Every dead letter, in (partition, offset) order."""
 
     @abstractmethod
+    async def snapshot(self) -> LedgerSnapshot:
+        """Every record, run and history entry (in log order) and the dead-letter count, read
+        consistently."""
+
     async def digest(self) -> str:
         """`toolledger.events.fold.ledger_digest` of everything in the store."""
+        return (await self.snapshot()).digest()
+
+    @abstractmethod
+    async def facts_since(self, partition: int, offset: int, limit: int) -> list[Fact]:
+        """The verdicts of `partition` from `offset` on, with their events, in log order: what
+        a new owner republishes to the facts topic (at most `limit`)."""
+
+    @abstractmethod
+    async def facts_published(self, partition: int) -> int:
+        """The offset before which the partition's facts are known published (0 if never)."""
+
+    @abstractmethod
+    async def mark_facts_published(self, partition: int, offset: int) -> None:
+        """Record that facts before `offset` are published; never moves the mark back."""
+
+
+def check_batch(
+    partition: int, start_offset: int, next_offset: int, items: Sequence[Positioned | DeadLetter]
+) -> None:
+    """Refuse a batch that is not what `apply_batch` promises to receive.
+
+    A batch out of order or from another partition would be folded in the wrong order and
+    stored under positions it was not read from; that is a projector bug, so it fails loudly
+    before anything is written.
+    """
+    if next_offset < start_offset:
+        raise ValueError(f"partition {partition}: batch ends at {next_offset} < {start_offset}")
+    previous = start_offset - 1
+    for item in items:
+        if item.partition != partition or not previous < item.offset < next_offset:
+            raise ValueError(
+                f"partition {partition}: record at {item.partition}/{item.offset} does not belong "
+                f"to a batch of offsets [{start_offset}, {next_offset}) in log order"
+            )
+        previous = item.offset
+
+
+def check_identity(identity: LogIdentity, stored: Mapping[int, PartitionState]) -> None:
+    """Raise `LogIdentityError` if the log is not the one `stored` offsets were taken from."""
+    epochs = {state.epoch for state in stored.values()}
+    counts = {state.partitions for state in stored.values()} | {len(stored)}
+    if epochs != {identity.epoch}:
+        found = ", ".join(sorted(str(e) for e in epochs))
+        raise LogIdentityError(
+            f"topic {identity.topic} holds epoch {identity.epoch} at offset 0, but this ledger "
+            f"was projected from epoch {found}: the topic was recreated or the broker lost its "
+            "data, and folding it would silently start a different history. Restore the "
+            "original topic, or project the new log into a new, empty ledger schema."
+        )
+    if counts != {identity.partitions}:
+        found = ", ".join(str(c) for c in sorted(counts))
+        raise LogIdentityError(
+            f"topic {identity.topic} has {identity.partitions} partitions, but this ledger was "
+            f"projected from {found}: a run's events now hash to another partition and would be "
+            "folded out of order. Never change the partition count of the events topic; restore "
+            "it, or migrate to a new topic with a new, empty ledger schema."
+        )
+
+
+def batch_reads(
+    items: Sequence[Positioned | DeadLetter],
+) -> tuple[set[str], set[str], set[uuid.UUID]]:
+    """What a store must load before folding `items`: call keys, run_ids and event_ids."""
+    keys: set[str] = set()
+    runs: set[str] = set()
+    event_ids: set[uuid.UUID] = set()
+    for item in items:
+        if isinstance(item, DeadLetter):
+            if item.run_id is not None:
+                runs.add(item.run_id)
+            continue
+        event = item.event
+        runs.add(event.run_id)
+        event_ids.add(event.event_id)
+        if event.tool_call_id is not None:
+            keys.add(event.key)
+    return keys, runs, event_ids
+
+
+@dataclass(frozen=True)
+class BatchOutcome:
+    """What folding one batch changed: the rows a store writes in the batch's transaction."""
+
+    verdicts: list[Verdict]
+    history: list[HistoryEntry]
+    dead_letters: list[DeadLetter]
+    calls: list[CallRecord]
+    runs: list[RunRecord]
+
+
+class BatchFold:
+    """A batch folded with `LedgerFold.apply` against only the state it touches.
+
+    `calls`, `runs` and `decided` are the stored records and already-decided event_ids named by
+    `batch_reads(items)`. `decide()` reads nothing else, so this is the same fold as applying
+    the items to the whole ledger, which is why every store uses it rather than its own loop.
+    Items are applied one at a time so that a store can write what is decided while the rest
+    of the batch is still being folded.
+    """
+
+    def __init__(
+        self,
+        calls: Mapping[str, CallRecord],
+        runs: Mapping[str, RunRecord],
+        decided: Collection[uuid.UUID],
+        keys: SigningKeys,
+    ) -> None:
+        self._calls = calls
+        self._runs = runs
+        self._decided = decided
+        self._fold = LedgerFold(keys=keys, calls=dict(calls), runs=dict(runs))
+        self.verdicts: list[Verdict] = []
+
+    @property
+    def history(self) -> list[HistoryEntry]:
+        """One entry per verdict so far, in the same (log) order."""
+        return self._fold.history
+
+    def apply(self, item: Positioned | DeadLetter) -> None:
+        if isinstance(item, Positioned) and item.event.event_id in self._decided:
+            return
+        verdict = self._fold.apply(item)
+        if verdict is not None:
+            self.verdicts.append(verdict)
+
+    def outcome(self) -> BatchOutcome:
+        """Everything the batch changed; a changed record is one the fold replaced (a rejected
+        event leaves the very same object in place)."""
+        fold = self._fold
+        return BatchOutcome(
+            verdicts=self.verdicts,
+            history=fold.history,
+            dead_letters=fold.dead_letters,
+            calls=[c for key, c in fold.calls.items() if self._calls.get(key) is not c],
+            runs=[r for run_id, r in fold.runs.items() if self._runs.get(run_id) is not r],
+        )
+
+
+def fold_batch(
+    items: Sequence[Positioned | DeadLetter],
+    calls: Mapping[str, CallRecord],
+    runs: Mapping[str, RunRecord],
+    decided: Collection[uuid.UUID],
+    keys: SigningKeys,
+) -> BatchOutcome:
+    """`BatchFold` over all of `items` at once."""
+    batch = BatchFold(calls, runs, decided, keys)
+    for item in items:
+        batch.apply(item)
+    return batch.outcome()

@@ -1,0 +1,69 @@
+"""`toolledger projector`: run a projector process until SIGTERM or SIGINT.
+
+Run as many as you like: partitions are shared out through PostgreSQL advisory locks, and a
+process that dies hands its partitions to the others within a second. It exits non-zero with the
+log-identity error when the topic is not the one the ledger was built from.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+
+import click
+
+from toolledger.events.log import LogError, LogIdentityError
+from toolledger.settings import ConfigError, load_settings
+from toolledger.stack import LedgerStack
+
+
+async def _run(status_every: float) -> None:
+    settings = load_settings()
+    stack = await LedgerStack.connect(settings, run_projector=True)
+    projector = stack.projector
+    assert projector is not None
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, projector.stop)
+    task = stack.projector_task
+    log = logging.getLogger("toolledger.projector")
+    try:
+        while not task.done():
+            await asyncio.wait({task}, timeout=status_every)
+            if not task.done():
+                stats = projector.stats
+                log.info(
+                    "owns %s; applied %d events in %d batches; %d dead letters; %d conflicts",
+                    sorted(projector.owned),
+                    stats.applied,
+                    stats.batches,
+                    stats.dead_letters,
+                    stats.conflicts,
+                )
+        task.result()
+    finally:
+        await stack.close()
+
+
+@click.command()
+@click.option(
+    "--status-every", default=30.0, show_default=True, help="Seconds between status log lines."
+)
+def projector(status_every: float) -> None:
+    """Fold toolledger.events into the PostgreSQL ledger (configured by TOOLLEDGER_*)."""
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s"
+    )
+    try:
+        asyncio.run(_run(status_every))
+    except ConfigError as exc:
+        click.echo(f"toolledger projector: {exc}", err=True)
+        sys.exit(2)
+    except LogIdentityError as exc:
+        click.echo(f"toolledger projector: stopped: {exc}", err=True)
+        sys.exit(3)
+    except LogError as exc:
+        click.echo(f"toolledger projector: {exc}", err=True)
+        sys.exit(4)

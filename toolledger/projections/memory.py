@@ -1,0 +1,170 @@
+"""The in-memory ledger store: the embedded default and users' unit tests.
+
+A thin shell around `LedgerFold` that adds what the fold leaves to stores: partition offsets
+with the same compare-and-set as PostgreSQL, the log identity, and a way for waiters to hear
+about new verdicts. A batch is folded with `fold_batch` against the records it touches and
+merged only when the whole batch folded, so a batch is applied entirely or not at all, as in
+PostgreSQL's transaction; the contract suite holds both stores to the same results.
+
+Nothing here survives the process; that is the point of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+
+from toolledger.events.fold import DeadLetter, HistoryEntry, LedgerFold, Positioned
+from toolledger.events.log import LogIdentity
+from toolledger.events.records import CallRecord, RunRecord, Verdict
+from toolledger.projections.facts import Fact
+from toolledger.projections.store import (
+    LedgerSnapshot,
+    LedgerStore,
+    OffsetConflict,
+    PartitionState,
+    batch_reads,
+    check_batch,
+    check_identity,
+    fold_batch,
+)
+
+
+class MemoryLedger(LedgerStore):
+    """The ledger in a `LedgerFold`, with offsets; one asyncio.Lock serializes batches."""
+
+    def __init__(self, *, signing_keys: Mapping[str, bytes] | None = None) -> None:
+        self._fold = LedgerFold(keys=dict(signing_keys or {}))
+        self._offsets: dict[int, PartitionState] = {}
+        self._lock = asyncio.Lock()
+        self._subscribers: set[asyncio.Queue[uuid.UUID]] = set()
+        self._history_by_key: dict[str, list[HistoryEntry]] = {}
+        self._published: dict[int, int] = {}
+
+    @property
+    def fold(self) -> LedgerFold:
+        """The underlying fold (read it, do not change it)."""
+        return self._fold
+
+    async def start(self) -> None:
+        """Nothing to connect to or migrate."""
+
+    async def close(self) -> None:
+        """Nothing to release; the ledger stays readable."""
+
+    @contextlib.contextmanager
+    def subscribe(self) -> Iterator[asyncio.Queue[uuid.UUID]]:
+        """A queue that receives the event_id of every verdict applied while it is open.
+
+        The in-memory counterpart of LISTEN on `PostgresLedger.notify_channel`: a hint, put
+        after the batch is applied; the waiter reads the verdict itself with `verdicts()`.
+        """
+        queue: asyncio.Queue[uuid.UUID] = asyncio.Queue()
+        self._subscribers.add(queue)
+        try:
+            yield queue
+        finally:
+            self._subscribers.discard(queue)
+
+    async def bind_log(self, identity: LogIdentity) -> dict[int, PartitionState]:
+        async with self._lock:
+            if not self._offsets:
+                self._offsets = {
+                    p: PartitionState(p, 1, identity.epoch, identity.partitions)
+                    for p in range(identity.partitions)
+                }
+            check_identity(identity, self._offsets)
+            return dict(self._offsets)
+
+    async def partition_state(self, partition: int) -> PartitionState | None:
+        return self._offsets.get(partition)
+
+    async def apply_batch(
+        self,
+        partition: int,
+        start_offset: int,
+        next_offset: int,
+        items: Sequence[Positioned | DeadLetter],
+    ) -> list[Verdict]:
+        check_batch(partition, start_offset, next_offset, items)
+        async with self._lock:
+            state = self._offsets.get(partition)
+            if state is None or state.next_offset != start_offset:
+                raise OffsetConflict(
+                    partition, start_offset, None if state is None else state.next_offset
+                )
+            fold = self._fold
+            keys, run_ids, event_ids = batch_reads(items)
+            outcome = fold_batch(
+                items,
+                {k: fold.calls[k] for k in keys if k in fold.calls},
+                {r: fold.runs[r] for r in run_ids if r in fold.runs},
+                {e for e in event_ids if e in fold.verdicts},
+                fold.keys,
+            )
+            fold.calls.update((c.key, c) for c in outcome.calls)
+            fold.runs.update((r.run_id, r) for r in outcome.runs)
+            fold.history.extend(outcome.history)
+            for entry in outcome.history:
+                self._history_by_key.setdefault(entry.key, []).append(entry)
+            fold.verdicts.update((v.event_id, v) for v in outcome.verdicts)
+            fold.dead_letters.extend(outcome.dead_letters)
+            self._offsets[partition] = PartitionState(
+                partition, next_offset, state.epoch, state.partitions
+            )
+        for queue in self._subscribers:
+            for verdict in outcome.verdicts:
+                queue.put_nowait(verdict.event_id)
+        return outcome.verdicts
+
+    async def get_call(self, key: str) -> CallRecord | None:
+        return self._fold.calls.get(key)
+
+    async def get_run(self, run_id: str) -> RunRecord | None:
+        return self._fold.runs.get(run_id)
+
+    async def history(self, key: str) -> list[HistoryEntry]:
+        return list(self._history_by_key.get(key, ()))
+
+    async def verdicts(self, event_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, Verdict]:
+        found = self._fold.verdicts
+        return {e: found[e] for e in event_ids if e in found}
+
+    async def dead_letters(self) -> list[DeadLetter]:
+        return sorted(self._fold.dead_letters, key=lambda d: (d.partition, d.offset))
+
+    async def snapshot(self) -> LedgerSnapshot:
+        fold = self._fold
+        return LedgerSnapshot(
+            calls=dict(fold.calls),
+            runs=dict(fold.runs),
+            history=sorted(fold.history, key=lambda e: (e.partition, e.offset)),
+            dead_letters=len(fold.dead_letters),
+        )
+
+    async def digest(self) -> str:
+        return self._fold.digest()
+
+    async def facts_since(self, partition: int, offset: int, limit: int) -> list[Fact]:
+        fold = self._fold
+        entries = sorted(
+            (e for e in fold.history if e.partition == partition and e.offset >= offset),
+            key=lambda e: e.offset,
+        )
+        return [
+            Fact(
+                partition=e.partition,
+                offset=e.offset,
+                verdict=fold.verdicts[e.event_id],
+                event_json=e.event_json,
+            )
+            for e in entries[:limit]
+        ]
+
+    async def facts_published(self, partition: int) -> int:
+        return self._published.get(partition, 0)
+
+    async def mark_facts_published(self, partition: int, offset: int) -> None:
+        self._published[partition] = max(offset, self._published.get(partition, 0))

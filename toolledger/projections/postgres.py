@@ -1,0 +1,457 @@
+"""The PostgreSQL ledger store: the projection production runs on.
+
+`apply_batch` is the projector's hot path: one transaction per batch, in this order.
+
+1. The offset compare-and-set (`UPDATE projection_offsets ... WHERE next_offset = $start`) runs
+   first and holds the partition's row lock to the end, so a zombie projector whose CAS misses
+   has written nothing, and a second projector racing for the partition waits, then misses.
+2. One query each loads the stored calls, runs and already-decided event_ids the batch names.
+3. `BatchFold` (the `LedgerFold` that the memory store and replay use, so the decider's rules
+   exist once) folds the batch in Python, while `_Appender` COPYs the history and verdict rows
+   decided so far: PostgreSQL works while Python folds.
+4. The changed calls go through a temporary table and one upsert, runs and dead letters through
+   `executemany`, and one statement sends `pg_notify(notify_channel, event_id)` for each new
+   verdict, in log order: a hint delivered on commit, never the truth.
+
+Statements are prepared once per connection (asyncpg's statement cache). Every connection's
+`search_path` is the ledger's schema, so the SQL here and in the migrations stays unqualified.
+JSON is stored as text so that what is read back is byte-for-byte what was folded, which keeps
+`digest()` equal to `LedgerFold.digest()` over the same log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from operator import attrgetter
+from typing import TYPE_CHECKING, Any
+
+import asyncpg
+
+from toolledger.events.fold import DeadLetter, HistoryEntry, Positioned
+from toolledger.events.log import LogIdentity
+from toolledger.events.records import CallRecord, RunRecord, Verdict
+from toolledger.projections.facts import Fact
+from toolledger.projections.migrations import check_schema_name, migrate, quote_ident
+from toolledger.projections.store import (
+    BatchFold,
+    LedgerSnapshot,
+    LedgerStore,
+    OffsetConflict,
+    PartitionState,
+    StoreError,
+    batch_reads,
+    check_batch,
+    check_identity,
+)
+
+if TYPE_CHECKING:
+    from toolledger.projections.migrations import Conn
+
+_CALL_TYPES: dict[str, str] = {
+    "key": "text",
+    "run_id": "text",
+    "tool_call_id": "text",
+    "tenant_id": "text",
+    "tool": "text",
+    "effect": "text",
+    "status": "text",
+    "version": "integer",
+    "reservation_id": "uuid",
+    "args_digest": "text",
+    "arguments_json": "text",
+    "requires_approval": "boolean",
+    "deadline": "timestamptz",
+    "not_attempted": "boolean",
+    "result_json": "text",
+    "result_reference": "text",
+    "error": "text",
+    "settled_by": "text",
+    "operator": "text",
+    "reason": "text",
+    "reconcile_attempts": "integer",
+    "created_at": "timestamptz",
+    "updated_at": "timestamptz",
+}
+_HISTORY_TYPES: dict[str, str] = {
+    "key": "text",
+    "event_id": "uuid",
+    "event_type": "text",
+    "partition": "integer",
+    "offset": "bigint",
+    "accepted": "boolean",
+    "reason": "text",
+    "detail": "text",
+    "occurred_at": "timestamptz",
+    "actor": "text",
+    "version": "integer",
+    "event_json": "text",
+}
+_RUN_COLUMNS = tuple(RunRecord.model_fields)
+
+for _model, _fields in ((CallRecord, _CALL_TYPES), (HistoryEntry, _HISTORY_TYPES)):
+    if tuple(_model.model_fields) != tuple(_fields):
+        raise ImportError(f"{_model.__name__} changed: add a migration and update postgres.py")
+
+
+# These builders put identifiers and types into SQL; they only ever receive this module's
+# constant table and column names, never input (hence the S608 exceptions).
+def _select(table: str, columns: Iterable[str], rest: str = "") -> str:
+    return f"SELECT {_names(columns)} FROM {table} {rest}"  # noqa: S608
+
+
+def _insert(table: str, columns: Iterable[str], source: str) -> str:
+    return f"INSERT INTO {table} ({_names(columns)}) {source}"
+
+
+def _upsert(table: str, columns: Sequence[str], source: str) -> str:
+    """INSERT ... ON CONFLICT on the first column, which overwrites every other column."""
+    updates = ", ".join(f"{quote_ident(c)} = EXCLUDED.{quote_ident(c)}" for c in columns[1:])
+    conflict = f" ON CONFLICT ({quote_ident(columns[0])}) DO UPDATE SET {updates}"
+    return _insert(table, columns, source) + conflict
+
+
+def _names(columns: Iterable[str]) -> str:
+    return ", ".join(quote_ident(c) for c in columns)
+
+
+_CAS = "UPDATE projection_offsets SET next_offset = $3 WHERE partition = $1 AND next_offset = $2"
+_OFFSET = "SELECT next_offset FROM projection_offsets WHERE partition = $1"
+# Batch loads join an unnested array instead of `= ANY($1)`: under a cached generic plan the
+# planner may pick a sequential scan that compares every row with every array element.
+_LOAD_CALLS = _select(
+    "unnest($1::text[]) AS wanted(key) JOIN tool_executions USING (key)", _CALL_TYPES
+)
+_LOAD_RUNS = _select("unnest($1::text[]) AS wanted(run_id) JOIN runs USING (run_id)", _RUN_COLUMNS)
+_LOAD_DECIDED = (
+    "SELECT event_id FROM unnest($1::uuid[]) AS wanted(event_id) JOIN verdicts USING (event_id)"
+)
+_VERDICTS = (
+    "SELECT verdict_json FROM unnest($1::uuid[]) AS wanted(event_id) JOIN verdicts USING (event_id)"
+)
+# Changed calls are copied into a per-connection temporary table, then upserted in one statement:
+# COPY has no ON CONFLICT, and binary COPY encodes rows far faster than unnest() arrays.
+_BATCH_CALLS = "batch_tool_executions"
+_CREATE_BATCH_CALLS = (
+    f"CREATE TEMPORARY TABLE {_BATCH_CALLS} ("
+    + ", ".join(f"{quote_ident(c)} {t}" for c, t in _CALL_TYPES.items())
+    + ") ON COMMIT DELETE ROWS"
+)
+_UPSERT_CALLS = _upsert("tool_executions", tuple(_CALL_TYPES), _select(_BATCH_CALLS, _CALL_TYPES))
+_UPSERT_RUN = _upsert(
+    "runs",
+    _RUN_COLUMNS,
+    f"VALUES ({', '.join(f'${i}' for i in range(1, len(_RUN_COLUMNS) + 1))})",
+)
+_VERDICT_COLUMNS = ("event_id", "partition", "offset", "accepted", "reason", "verdict_json")
+# In log order: a waiter may see hints in the order the events were appended.
+_NOTIFY = (
+    "SELECT pg_notify($1, event_id::text) FROM verdicts "
+    'WHERE partition = $2 AND "offset" >= $3 AND "offset" < $4 ORDER BY "offset"'
+)
+_INSERT_DEAD_LETTER = (
+    'INSERT INTO dead_letters (partition, "offset", run_id, reason, payload) '
+    "VALUES ($1, $2, $3, $4, $5)"
+)
+_BIND = (
+    "INSERT INTO projection_offsets (partition, next_offset, epoch, partitions) "
+    "SELECT p, 1, $1, $2 FROM generate_series(0, $2 - 1) AS p "
+    "WHERE NOT EXISTS (SELECT 1 FROM projection_offsets)"
+)
+_STATES = "SELECT partition, next_offset, epoch, partitions FROM projection_offsets"
+_GET_CALL = _select("tool_executions", _CALL_TYPES, "WHERE key = $1")
+_GET_RUN = _select("runs", _RUN_COLUMNS, "WHERE run_id = $1")
+_HISTORY = _select(
+    "tool_execution_history", _HISTORY_TYPES, 'WHERE key = $1 ORDER BY partition, "offset"'
+)
+_ALL_CALLS = _select("tool_executions", _CALL_TYPES)
+_ALL_RUNS = _select("runs", _RUN_COLUMNS)
+_ALL_HISTORY = _select("tool_execution_history", _HISTORY_TYPES, 'ORDER BY partition, "offset"')
+_FACTS = (
+    'SELECT partition, "offset", verdict_json, event_json FROM tool_execution_history '
+    'JOIN verdicts USING (event_id, partition, "offset") '
+    'WHERE partition = $1 AND "offset" >= $2 ORDER BY "offset" LIMIT $3'
+)
+_FACTS_PUBLISHED = "SELECT published_offset FROM facts_offsets WHERE partition = $1"
+_MARK_FACTS_PUBLISHED = (
+    "INSERT INTO facts_offsets (partition, published_offset) VALUES ($1, $2) "
+    "ON CONFLICT (partition) DO UPDATE SET published_offset = "
+    "greatest(facts_offsets.published_offset, EXCLUDED.published_offset)"
+)
+
+_call_values = attrgetter(*_CALL_TYPES)
+_history_values = attrgetter(*_HISTORY_TYPES)
+_run_values = attrgetter(*_RUN_COLUMNS)
+
+
+def _dead_values(d: DeadLetter) -> tuple[int, int, str | None, str, bytes]:
+    return (d.partition, d.offset, d.run_id, d.reason, d.payload)
+
+
+def _verdict_values(v: Verdict, h: HistoryEntry) -> tuple[Any, ...]:
+    return (v.event_id, h.partition, h.offset, v.accepted, v.reason, v.model_dump_json())
+
+
+#: Events folded between two chances for the appender to move its COPY forward.
+_SLICE = 32
+#: The fewest new verdicts worth a COPY before the end of the batch.
+_MIN_APPEND = 256
+
+
+class _Appender:
+    """Appends history and verdict rows with COPY while the rest of the batch is folded.
+
+    The fold is Python CPU, the COPY is PostgreSQL CPU: on a small machine overlapping them is
+    most of the difference between a projector that keeps up and one that does not. The
+    appender owns the connection while a COPY is in flight; `offer` starts one when the previous
+    finished and enough verdicts wait, then yields so it can progress. Leaving the context
+    waits for the COPY in flight, so the transaction never ends under it, even on an error.
+    """
+
+    def __init__(self, conn: Conn) -> None:
+        self._conn = conn
+        self._written = 0
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> _Appender:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            await task
+
+    async def offer(self, history: list[HistoryEntry], verdicts: list[Verdict]) -> None:
+        if self._task is not None:
+            if not self._task.done():
+                await asyncio.sleep(0)
+                return
+            task, self._task = self._task, None
+            await task
+        if len(verdicts) - self._written >= _MIN_APPEND:
+            start, self._written = self._written, len(verdicts)
+            rows = (history[start:], verdicts[start:])
+            self._task = asyncio.create_task(self._copy(*rows))
+        await asyncio.sleep(0)
+
+    async def flush(self, history: list[HistoryEntry], verdicts: list[Verdict]) -> None:
+        """Append what is left; call after leaving the context."""
+        if self._written < len(verdicts):
+            await self._copy(history[self._written :], verdicts[self._written :])
+            self._written = len(verdicts)
+
+    async def _copy(self, history: list[HistoryEntry], verdicts: list[Verdict]) -> None:
+        await self._conn.copy_records_to_table(
+            "tool_execution_history",
+            records=map(_history_values, history),
+            columns=_HISTORY_TYPES,
+        )
+        await self._conn.copy_records_to_table(
+            "verdicts", records=map(_verdict_values, verdicts, history), columns=_VERDICT_COLUMNS
+        )
+
+
+def notify_channel_for(schema: str) -> str:
+    """The LISTEN channel of a schema's verdicts; within PostgreSQL's 63-byte name limit."""
+    channel = f"toolledger_v_{schema}"
+    if len(channel) <= 63:
+        return channel
+    suffix = hashlib.sha256(schema.encode()).hexdigest()[:8]
+    return f"{channel[:54]}_{suffix}"
+
+
+async def _init_connection(conn: asyncpg.Connection[asyncpg.Record]) -> None:
+    await conn.execute(_CREATE_BATCH_CALLS)
+
+
+def _state(row: asyncpg.Record) -> PartitionState:
+    return PartitionState(
+        partition=row["partition"],
+        next_offset=row["next_offset"],
+        epoch=uuid.UUID(bytes=row["epoch"].bytes),
+        partitions=row["partitions"],
+    )
+
+
+class PostgresLedger(LedgerStore):
+    """The ledger in one PostgreSQL schema, behind a connection pool."""
+
+    def __init__(
+        self,
+        dsn: str,
+        schema: str = "toolledger",
+        *,
+        signing_keys: Mapping[str, bytes] | None = None,
+        pool_size: int = 4,
+    ) -> None:
+        self._dsn = dsn
+        self._schema = check_schema_name(schema)
+        self._keys = dict(signing_keys or {})
+        self._pool_size = pool_size
+        self._pool: asyncpg.Pool[asyncpg.Record] | None = None
+
+    @property
+    def schema(self) -> str:
+        return self._schema
+
+    @property
+    def notify_channel(self) -> str:
+        """Where each committed verdict's event_id is announced (`LISTEN` on it)."""
+        return notify_channel_for(self._schema)
+
+    async def start(self) -> None:
+        if self._pool is None:
+            self._pool = await asyncpg.create_pool(
+                self._dsn,
+                min_size=1,
+                max_size=self._pool_size,
+                server_settings={"search_path": quote_ident(self._schema)},
+                init=_init_connection,
+            )
+        async with self._pool.acquire() as conn:
+            await migrate(conn, self._schema)
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            await pool.close()
+
+    @property
+    def _db(self) -> asyncpg.Pool[asyncpg.Record]:
+        if self._pool is None:
+            raise StoreError(
+                f"the PostgreSQL ledger ({self._schema}) is not started: await start()"
+            )
+        return self._pool
+
+    async def bind_log(self, identity: LogIdentity) -> dict[int, PartitionState]:
+        async with self._db.acquire() as conn, conn.transaction():
+            # Serializes two projectors binding a new ledger at once: the second one waits,
+            # then sees (and checks) what the first one recorded instead of adding to it.
+            await conn.execute(
+                "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
+                f"toolledger.bind_log:{self._schema}",
+            )
+            await conn.execute(_BIND, identity.epoch, identity.partitions)
+            states = {s.partition: s for s in map(_state, await conn.fetch(_STATES))}
+        check_identity(identity, states)
+        return states
+
+    async def partition_state(self, partition: int) -> PartitionState | None:
+        row = await self._db.fetchrow(f"{_STATES} WHERE partition = $1", partition)
+        return None if row is None else _state(row)
+
+    async def apply_batch(
+        self,
+        partition: int,
+        start_offset: int,
+        next_offset: int,
+        items: Sequence[Positioned | DeadLetter],
+    ) -> list[Verdict]:
+        check_batch(partition, start_offset, next_offset, items)
+        keys, run_ids, event_ids = batch_reads(items)
+        async with self._db.acquire() as conn, conn.transaction():
+            moved = await conn.execute(_CAS, partition, start_offset, next_offset)
+            if moved != "UPDATE 1":
+                raise OffsetConflict(
+                    partition, start_offset, await conn.fetchval(_OFFSET, partition)
+                )
+            calls = {
+                row["key"]: CallRecord.model_validate(dict(row))
+                for row in (await conn.fetch(_LOAD_CALLS, list(keys)) if keys else ())
+            }
+            runs = {
+                row["run_id"]: RunRecord.model_validate(dict(row))
+                for row in (await conn.fetch(_LOAD_RUNS, list(run_ids)) if run_ids else ())
+            }
+            decided = {
+                uuid.UUID(bytes=row["event_id"].bytes)
+                for row in await conn.fetch(_LOAD_DECIDED, list(event_ids))
+            }
+            batch = BatchFold(calls, runs, decided, self._keys)
+            async with _Appender(conn) as appender:
+                for at in range(0, len(items), _SLICE):
+                    for item in items[at : at + _SLICE]:
+                        batch.apply(item)
+                    await appender.offer(batch.history, batch.verdicts)
+            await appender.flush(batch.history, batch.verdicts)
+            outcome = batch.outcome()
+            if outcome.calls:
+                await conn.copy_records_to_table(
+                    _BATCH_CALLS, records=map(_call_values, outcome.calls), columns=_CALL_TYPES
+                )
+                await conn.execute(_UPSERT_CALLS)
+            if outcome.runs:
+                await conn.executemany(_UPSERT_RUN, map(_run_values, outcome.runs))
+            if outcome.dead_letters:
+                await conn.executemany(_INSERT_DEAD_LETTER, map(_dead_values, outcome.dead_letters))
+            if outcome.verdicts:
+                await conn.execute(
+                    _NOTIFY, self.notify_channel, partition, start_offset, next_offset
+                )
+        return outcome.verdicts
+
+    async def get_call(self, key: str) -> CallRecord | None:
+        row = await self._db.fetchrow(_GET_CALL, key)
+        return None if row is None else CallRecord.model_validate(dict(row))
+
+    async def get_run(self, run_id: str) -> RunRecord | None:
+        row = await self._db.fetchrow(_GET_RUN, run_id)
+        return None if row is None else RunRecord.model_validate(dict(row))
+
+    async def history(self, key: str) -> list[HistoryEntry]:
+        rows = await self._db.fetch(_HISTORY, key)
+        return [HistoryEntry.model_validate(dict(row)) for row in rows]
+
+    async def verdicts(self, event_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, Verdict]:
+        rows = await self._db.fetch(_VERDICTS, list(event_ids))
+        found = (Verdict.model_validate_json(row["verdict_json"]) for row in rows)
+        return {v.event_id: v for v in found}
+
+    async def dead_letters(self) -> list[DeadLetter]:
+        rows = await self._db.fetch(
+            'SELECT partition, "offset", run_id, reason, payload FROM dead_letters '
+            'ORDER BY partition, "offset"'
+        )
+        return [
+            DeadLetter(r["partition"], r["offset"], r["run_id"], r["reason"], r["payload"])
+            for r in rows
+        ]
+
+    async def snapshot(self) -> LedgerSnapshot:
+        # One repeatable-read transaction: the four reads see one consistent ledger.
+        async with (
+            self._db.acquire() as conn,
+            conn.transaction(isolation="repeatable_read", readonly=True),
+        ):
+            calls = await conn.fetch(_ALL_CALLS)
+            runs = await conn.fetch(_ALL_RUNS)
+            history = await conn.fetch(_ALL_HISTORY)
+            dead = await conn.fetchval("SELECT count(*) FROM dead_letters")
+        return LedgerSnapshot(
+            calls={r["key"]: CallRecord.model_validate(dict(r)) for r in calls},
+            runs={r["run_id"]: RunRecord.model_validate(dict(r)) for r in runs},
+            history=[HistoryEntry.model_validate(dict(r)) for r in history],
+            dead_letters=int(dead),
+        )
+
+    async def facts_since(self, partition: int, offset: int, limit: int) -> list[Fact]:
+        rows = await self._db.fetch(_FACTS, partition, offset, limit)
+        return [
+            Fact(
+                partition=r["partition"],
+                offset=r["offset"],
+                verdict=Verdict.model_validate_json(r["verdict_json"]),
+                event_json=r["event_json"],
+            )
+            for r in rows
+        ]
+
+    async def facts_published(self, partition: int) -> int:
+        published = await self._db.fetchval(_FACTS_PUBLISHED, partition)
+        return 0 if published is None else int(published)
+
+    async def mark_facts_published(self, partition: int, offset: int) -> None:
+        await self._db.execute(_MARK_FACTS_PUBLISHED, partition, offset)
