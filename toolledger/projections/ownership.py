@@ -13,6 +13,7 @@ holds a partition is stopped by the offset compare-and-set in `LedgerStore.apply
 
 from __future__ import annotations
 
+import os
 import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
@@ -56,7 +57,9 @@ class PostgresPartitionLocks(PartitionLocks):
     async def _connection(self) -> asyncpg.Connection:
         if self._conn is None or self._conn.is_closed():
             self._held.clear()
-            self._conn = await asyncpg.connect(self._dsn)
+            self._conn = await asyncpg.connect(
+                self._dsn, server_settings={"application_name": f"toolledger-locks-{os.getpid()}"}
+            )
         return self._conn
 
     async def acquire(self, partitions: Iterable[int]) -> set[int]:

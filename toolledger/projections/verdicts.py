@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -138,7 +139,9 @@ class PostgresNotifications:
         return None if self._conn is None else self._conn.get_server_pid()
 
     async def _connect(self) -> None:
-        conn = await asyncpg.connect(self._dsn)
+        conn = await asyncpg.connect(
+            self._dsn, server_settings={"application_name": f"toolledger-listen-{os.getpid()}"}
+        )
         conn.add_termination_listener(lambda _c: self._lost.set())
         await conn.add_listener(self._channel, self._on_notify)
         self._conn = conn

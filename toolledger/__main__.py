@@ -1,0 +1,5 @@
+"""`python -m toolledger` is the `toolledger` command."""
+
+from toolledger.cli import main
+
+main()
