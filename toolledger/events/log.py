@@ -28,6 +28,10 @@ class LogError(Exception):
     """The log cannot be used as asked (unreachable, missing topic, wrong shape)."""
 
 
+class TopicMissing(LogError):
+    """The topic does not exist (never created, or the broker lost it)."""
+
+
 class LogIdentityError(LogError):
     """The log is not the one the ledger was built from; says what happened and what to do."""
 

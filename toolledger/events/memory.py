@@ -26,6 +26,7 @@ from toolledger.events.log import (
     LogReader,
     LogRecord,
     Position,
+    TopicMissing,
     epoch_marker,
     identity_from_offset_zero,
     partition_for,
@@ -158,7 +159,7 @@ class MemoryLog(EventLog):
     def _existing(self) -> _Topic:
         topic = self.broker._get(self.topic)
         if topic is None:
-            raise LogError(_missing(self.topic))
+            raise TopicMissing(_missing(self.topic))
         return topic
 
 
@@ -178,7 +179,7 @@ class MemoryReader(LogReader):
     async def assign(self, positions: Mapping[int, int]) -> None:
         topic = self._broker._get(self._topic)
         if topic is None:
-            raise LogError(_missing(self._topic))
+            raise TopicMissing(_missing(self._topic))
         for partition, offset in positions.items():
             if not 0 <= partition < len(topic.partitions):
                 raise LogError(

@@ -16,6 +16,7 @@ at all are dead letters: published to the DLQ topic with the reason in the heade
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -23,7 +24,15 @@ from dataclasses import dataclass, field
 
 from toolledger.events.codec import DecodeError, decode
 from toolledger.events.fold import DeadLetter, Positioned
-from toolledger.events.log import EventLog, LogIdentity, LogIdentityError, LogReader, LogRecord
+from toolledger.events.log import (
+    EventLog,
+    LogError,
+    LogIdentity,
+    LogIdentityError,
+    LogReader,
+    LogRecord,
+    TopicMissing,
+)
 from toolledger.events.models import Event
 from toolledger.events.records import Verdict
 from toolledger.projections.facts import FactsPublisher, facts_of
@@ -132,6 +141,7 @@ class Projector:
         batch_size: int = 2000,
         fetch_wait_ms: int = 5,
         ownership_interval: float = 0.25,
+        identity_interval: float = 2.0,
         decode: Callable[[bytes], Event] = decode,
     ) -> None:
         self.log = log
@@ -143,6 +153,8 @@ class Projector:
         self.batch_size = batch_size
         self.fetch_wait = fetch_wait_ms / 1000
         self.ownership_interval = ownership_interval
+        self.identity_interval = identity_interval
+        self._identity_failure: LogIdentityError | None = None
         self.decode = decode
         self.stats = ProjectorStats()
         self._resync: set[int] = set()
@@ -165,12 +177,46 @@ class Projector:
         self._identity = await self.log.identity()
         await self.store.bind_log(self._identity)
         self._reader = self.log.reader()
+        watch = asyncio.create_task(self._watch_identity(), name="toolledger-identity-watch")
         try:
             while not self._stopping.is_set():
                 await self.step()
+            if self._identity_failure is not None:
+                raise self._identity_failure
         finally:
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch
             await self._reader.close()
             await self.locks.close()
+
+    async def _watch_identity(self) -> None:
+        """Re-read offset 0 every few seconds while running.
+
+        A broker that lost its data (the local broker on restart; a misconfigured cluster)
+        serves an empty or recreated topic, and a fetch past its end returns nothing instead
+        of an error, so only the epoch marker tells. Runs beside the fetch loop so it adds no
+        latency; a failure stops the projector and leaves PostgreSQL untouched.
+        """
+        while True:
+            await asyncio.sleep(self.identity_interval)
+            try:
+                identity = await self.log.identity()
+                await self.store.bind_log(identity)
+            except (LogIdentityError, TopicMissing) as exc:
+                self._identity_failure = (
+                    exc
+                    if isinstance(exc, LogIdentityError)
+                    else LogIdentityError(
+                        f"{exc}: the events topic the ledger was built from is gone (the broker "
+                        "lost its data?); the ledger in PostgreSQL is intact; restore the topic, "
+                        "or start a new ledger schema and replay into it"
+                    )
+                )
+                self._stopping.set()
+                return
+            except LogError as exc:
+                log.warning("could not check the log identity (%s); will retry", exc)
 
     async def step(self) -> int:
         """One ownership check (when due) and one fetch-and-apply; returns events applied."""
