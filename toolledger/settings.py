@@ -57,6 +57,11 @@ class Settings(BaseSettings):
     batch_size: int = Field(
         default=2000, ge=1, le=100_000, description="Most events applied in one transaction."
     )
+    identity_check_s: float = Field(
+        default=2.0,
+        gt=0,
+        description="How often a projector re-reads the epoch markers to detect a lost log.",
+    )
     verdict_timeout_s: float = Field(
         default=10.0, gt=0, description="How long a runtime waits for a reservation verdict."
     )

@@ -118,6 +118,7 @@ class LedgerStack:
                 facts=FactsPublisher(facts),
                 batch_size=settings.batch_size,
                 fetch_wait_ms=settings.fetch_wait_ms,
+                identity_interval=settings.identity_check_s,
             )
         stack = cls(events, facts, dlq, store, waiter, LedgerCommands(events, waiter), projector)
         stack._listeners.append(listener)

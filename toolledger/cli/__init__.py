@@ -7,6 +7,9 @@ alphabetically), so adding a command never means editing another command's modul
 
 from __future__ import annotations
 
+import logging
+import os
+
 import click
 
 from toolledger.cli.dev import dev
@@ -25,6 +28,9 @@ class _InOrderGroup(click.Group):
 @click.version_option(package_name="toolledger")
 def main() -> None:
     """toolledger: make an AI agent's tool calls take effect once, and say so when unknown."""
+    level = os.environ.get("TOOLLEDGER_LOG_LEVEL")
+    if level:
+        logging.basicConfig(level=level.upper(), format="%(asctime)s %(name)s %(message)s")
 
 
 main.add_command(dev)

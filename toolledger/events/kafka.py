@@ -339,6 +339,12 @@ class KafkaReader(LogReader):
                 )
             if offset < 0:
                 raise LogError(f"cannot read partition {partition} from offset {offset}")
+        if not positions:
+            # aiokafka's consumer.stop() can hang after assign([]) (seen against tansu): a reader
+            # with nothing to read drops its consumer instead and makes a new one when needed.
+            await self.close()
+            self._assigned = False
+            return
         if self._consumer is None:
             consumer = self._log._consumer()
             try:

@@ -9,6 +9,7 @@ ledger has reached, so a comparison with the live ledger is exact even while it 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -17,6 +18,7 @@ from toolledger.projections.projector import decode_records
 from toolledger.projections.store import LedgerSnapshot, LedgerStore
 
 Progress = Callable[[int, int], None]
+_log = logging.getLogger("toolledger.replay")
 
 
 @dataclass
@@ -61,6 +63,12 @@ async def replay(
         await reader.assign(position)
         while position:
             batches = await reader.fetch(max_wait=0.2, max_records=batch_size)
+            _log.debug(
+                "replay at %s; fetched %s",
+                position,
+                {p: (r[0].offset, r[-1].offset) for p, r in batches.items() if r},
+            )
+            finished = False
             for partition, records in batches.items():
                 if partition not in position:
                     continue
@@ -82,7 +90,11 @@ async def replay(
                         progress(done, total)
                 if position[partition] >= limit:
                     del position[partition]
-                    await reader.assign(position)
+                    finished = True
+            if finished:
+                # Only once the whole batch is applied: re-seeking mid-batch would rewind the
+                # partitions not yet processed to their old offsets.
+                await reader.assign(position)
     finally:
         await reader.close()
     report.replay_digest = await into.digest()

@@ -1,0 +1,291 @@
+"""The projector in one process against real Kafka and PostgreSQL: unreadable records, a broker
+that lost its data, facts, and replay."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from tests import builders as b
+from toolledger.devstack import start_tansu, stop_service
+from toolledger.events.codec import default_codec, encode, frame, unframe
+from toolledger.events.log import LogIdentityError, partition_for
+from toolledger.events.models import Event
+from toolledger.projections.facts import Fact
+from toolledger.projections.ownership import PostgresPartitionLocks
+from toolledger.projections.postgres import PostgresLedger
+from toolledger.projections.projector import Projector
+from toolledger.projections.verdicts import LedgerUnavailable
+from toolledger.schemas import SchemaRegistry
+from toolledger.settings import Settings
+from toolledger.stack import LedgerStack
+
+FIXTURE_SCHEMAS = Path(__file__).resolve().parent.parent / "unit" / "schemas_fixture"
+
+
+def _settings(pg_dsn: str, bootstrap: str, schema: str, prefix: str, **extra: object) -> Settings:
+    return Settings(
+        database_url=pg_dsn,
+        kafka_bootstrap=bootstrap,
+        schema_name=schema,
+        topic_prefix=f"{prefix}.",
+        partitions=2,
+        signing_keys={b.KEY_ID: b.SECRET.decode()},
+        **extra,  # type: ignore[arg-type]
+    )
+
+
+@pytest.fixture
+async def stack(
+    pg_dsn: str, kafka_bootstrap: str, pg_schema: str, topic_prefix: str
+) -> AsyncIterator[LedgerStack]:
+    s = await LedgerStack.connect(
+        _settings(pg_dsn, kafka_bootstrap, pg_schema, topic_prefix), run_projector=True
+    )
+    try:
+        yield s
+    finally:
+        await s.close()
+
+
+async def _project(stack: LedgerStack, *events: Event) -> None:
+    for event in events:
+        await stack.commands.append_and_await(event, timeout=10)
+
+
+async def _read_all(
+    stack: LedgerStack, topic: str, expect: int
+) -> list[tuple[int, bytes, dict[str, bytes]]]:
+    log = {"dlq": stack.dlq, "facts": stack.facts}[topic]
+    reader = log.reader()
+    out: list[tuple[int, bytes, dict[str, bytes]]] = []
+    try:
+        await reader.assign(dict.fromkeys(range(await log.partition_count()), 0))
+        for _ in range(100):
+            for records in (await reader.fetch(max_wait=0.1)).values():
+                out += [(r.partition, r.value, dict(r.headers)) for r in records]
+            if len(out) >= expect:
+                break
+    finally:
+        await reader.close()
+    return out
+
+
+async def test_undecodable_records_go_to_the_dlq_with_a_reason_and_later_events_are_projected(
+    stack: LedgerStack,
+) -> None:
+    """Garbage and a truncated record must neither stop the projector nor vanish silently:
+    both land in the DLQ topic and `dead_letters`, their runs are quarantined, and every
+    other event after them is still projected."""
+    await stack.events.append("garbage-run", b"\x00\x01 not avro at all")
+    await stack.events.append("cut-run", encode(b.reserved("cut-run", "c1"))[:-7])
+    after_garbage = b.reserved("garbage-run", "c2")
+    healthy = b.reserved("healthy-run", "c1")
+    await _project(stack, healthy)
+    verdict = await stack.commands.append_and_await(after_garbage, timeout=10)
+    assert (verdict.accepted, verdict.reason) == (False, "quarantined")
+    assert (await stack.store.get_call(healthy.key)) is not None
+
+    letters = await stack.store.dead_letters()
+    reasons = {d.run_id: d.reason for d in letters}
+    assert set(reasons) == {"garbage-run", "cut-run"}
+    assert "not_single_object" in reasons["garbage-run"]
+    assert "truncated" in reasons["cut-run"]
+    dlq = await _read_all(stack, "dlq", expect=2)
+    assert len(dlq) == 2
+    for _, _, headers in dlq:
+        assert {"reason", "partition", "offset", "topic"} <= set(headers)
+    run = await stack.store.get_run("cut-run")
+    assert run is not None and run.quarantined
+
+
+async def test_an_unknown_schema_halts_its_partition_until_a_reader_that_knows_it_is_deployed(
+    pg_dsn: str, kafka_bootstrap: str, pg_schema: str, topic_prefix: str
+) -> None:
+    """A record written with a newer schema must not be skipped (that would silently drop an
+    event of some run): its partition halts, other partitions go on, and a projector whose
+    registry knows the writer schema resumes exactly where the old one stopped."""
+    released = SchemaRegistry.packaged()
+    fixture = SchemaRegistry.from_dirs(FIXTURE_SCHEMAS)
+    registry = SchemaRegistry([*released, *(s for s in fixture if s.version == 2)])
+    settings = _settings(pg_dsn, kafka_bootstrap, pg_schema, topic_prefix)
+    old = await LedgerStack.connect(settings, run_projector=True)
+    newer = next(s for s in registry.versions("CallReserved") if s.version == 2)
+    future = b.reserved("future-run", "c1")
+    _, datum = default_codec().to_datum(future)
+    position = await old.events.append("future-run", frame(newer, {**datum, "attempt_limit": 3}))
+    after = b.reserved("future-run", "c2")
+    await old.commands.append(after, timeout=5)
+    run = next(
+        f"other-{n}" for n in range(100) if partition_for(f"other-{n}", 2) != position.partition
+    )
+    other = b.reserved(run, "c1")
+    try:
+        # the other partition goes on
+        assert (await old.commands.append_and_await(other, timeout=10)).accepted
+        for _ in range(200):
+            if position.partition in old.projector.stats.halted:  # type: ignore[union-attr]
+                break
+            await asyncio.sleep(0.02)
+        halted = old.projector.stats.halted  # type: ignore[union-attr]
+        assert position.partition in halted
+        assert "Deploy readers before writers" in halted[position.partition]
+        assert await old.store.get_call(after.key) is None
+    finally:
+        await old.close()
+
+    codec = default_codec()
+
+    def upgraded(data: bytes) -> Event:
+        datum = unframe(
+            registry,
+            data,
+            reader=SchemaRegistry.packaged().latest(unframe(registry, data).writer.name),
+        )
+        return codec.from_datum(datum.value, datum.reader)
+
+    new = await LedgerStack.connect(settings, run_projector=False)
+    try:
+        projector = Projector(
+            new.events, new.store, PostgresPartitionLocks(pg_dsn, pg_schema), decode=upgraded
+        )
+        task = asyncio.create_task(projector.run())
+        for _ in range(300):
+            if await new.store.get_call(after.key) is not None:
+                break
+            await asyncio.sleep(0.02)
+        projector.stop()
+        await asyncio.wait_for(task, 10)
+        record = await new.store.get_call(future.key)
+        assert record is not None and record.status == "started"
+        assert await new.store.get_call(after.key) is not None
+    finally:
+        await new.close()
+
+
+async def test_a_broker_that_lost_its_data_stops_the_projector_and_changes_nothing(
+    pg_dsn: str, pg_schema: str, topic_prefix: str, tmp_path: Path
+) -> None:
+    """The local broker keeps nothing across a restart. The projector must notice (the epoch
+    marker is gone) and stop with the log-identity error instead of idling or folding a new
+    history; a runtime must fail closed; PostgreSQL must keep everything it had."""
+    broker = start_tansu(tmp_path / "broker")
+    try:
+        settings = _settings(pg_dsn, broker.address, pg_schema, topic_prefix, identity_check_s=0.2)
+        stack = await LedgerStack.connect(settings, run_projector=True)
+        try:
+            await _project(stack, *(b.reserved(f"run-{n}", "c1") for n in range(10)))
+            before = await stack.store.digest()
+            stop_service(broker)
+            broker = start_tansu(tmp_path / "broker", port=int(broker.address.rsplit(":", 1)[1]))
+            with pytest.raises(LogIdentityError, match=r"epoch marker|gone|does not exist"):
+                await asyncio.wait_for(stack.projector_task, 15)
+            late = b.reserved("run-late", "c1")
+            with pytest.raises(LedgerUnavailable):
+                await stack.commands.append_and_await(late, timeout=1.0)
+            assert await stack.store.digest() == before
+            assert await stack.store.verdicts([late.event_id]) == {}
+        finally:
+            await stack.close()
+    finally:
+        stop_service(broker)
+
+
+async def test_every_verdict_is_published_as_a_fact_with_its_position(stack: LedgerStack) -> None:
+    """Processors read facts, never requests: each decided event, accepted or rejected, must
+    reach the facts topic with the verdict and the request's position."""
+    r = b.reserved("facts-run", "c1")
+    events = [r, b.reserved("facts-run", "c1"), b.completed(r)]
+    await _project(stack, *events)
+    facts = [Fact.model_validate_json(v) for _, v, _ in await _read_all(stack, "facts", expect=3)]
+    by_id = {f.verdict.event_id: f for f in facts}
+    assert set(by_id) == {e.event_id for e in events}
+    assert [by_id[e.event_id].verdict.accepted for e in events] == [True, False, True]
+    assert by_id[r.event_id].offset < by_id[events[2].event_id].offset
+
+
+def _cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "TOOLLEDGER_DATABASE_URL": str(settings.database_url),
+        "TOOLLEDGER_KAFKA_BOOTSTRAP": str(settings.kafka_bootstrap),
+        "TOOLLEDGER_SCHEMA": settings.schema_name,
+        "TOOLLEDGER_TOPIC_PREFIX": settings.topic_prefix,
+        "TOOLLEDGER_SIGNING_KEYS": f"{b.KEY_ID}:{b.SECRET.decode()}",
+        "COLUMNS": "200",
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "toolledger", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+async def test_replay_from_offset_zero_rebuilds_the_same_ledger_and_verify_catches_a_tampered_row(
+    pg_dsn: str, kafka_bootstrap: str, pg_schema: str, topic_prefix: str
+) -> None:
+    """Dropping the projection and replaying the log must give the same ledger (rows,
+    history, digest); and `replay --verify` must notice a record changed by hand."""
+    settings = _settings(pg_dsn, kafka_bootstrap, pg_schema, topic_prefix)
+    stack = await LedgerStack.connect(settings, run_projector=True)
+    try:
+        for n in range(20):
+            r = b.reserved(f"run-{n % 7}", f"c{n}")
+            await _project(stack, r, b.completed(r) if n % 3 else b.indeterminate(r))
+        await stack.events.append("run-3", b"poison")
+        await _project(stack, b.reserved("run-4", "last"))
+        live_digest = await stack.store.digest()
+    finally:
+        await stack.close()
+
+    replica = f"{pg_schema}_r1"
+    ok = _cli(settings, "replay", "--into", replica, "--verify")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "identical" in ok.stdout
+    copy = PostgresLedger(pg_dsn, replica)
+    await copy.start()
+    try:
+        assert await copy.digest() == live_digest
+    finally:
+        await copy.close()
+
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        await conn.execute(
+            f'UPDATE "{pg_schema}".tool_executions SET status = $1 WHERE key = $2',  # noqa: S608
+            "failed",
+            "run-1:c1",
+        )
+        bad = _cli(settings, "replay", "--into", f"{pg_schema}_r2", "--verify")
+        assert bad.returncode == 1, bad.stdout + bad.stderr
+        assert "run-1:c1" in bad.stdout and "status" in bad.stdout
+    finally:
+        for schema in (replica, f"{pg_schema}_r2"):
+            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        await conn.close()
+
+
+async def test_history_and_dead_letters_commands_show_what_the_ledger_holds(
+    stack: LedgerStack, pg_dsn: str, kafka_bootstrap: str, pg_schema: str, topic_prefix: str
+) -> None:
+    r = b.reserved("cli-run", "c1")
+    await _project(stack, r, b.completed(r), b.completed(r))
+    await stack.events.append("cli-bad", b"junk")
+    await _project(stack, b.reserved("cli-bad", "c1"))
+    settings = _settings(pg_dsn, kafka_bootstrap, pg_schema, topic_prefix)
+    shown = _cli(settings, "history", "cli-run:c1")
+    assert shown.returncode == 0, shown.stderr
+    assert "call_reserved" in shown.stdout and "late_outcome" in shown.stdout
+    letters = _cli(settings, "dead-letters", "list")
+    assert letters.returncode == 0, letters.stderr
+    assert "cli-bad" in letters.stdout
