@@ -1,0 +1,90 @@
+"""Declared side effects, and the retry rule each one implies.
+
+A tool says what it does to the world (`read()`, `write()`, `external()`, `destructive()`) and
+the runtime derives how often it may run from that declaration alone, because a generic retry
+policy cannot tell a refund from a search (guarantees 3 and 4 in ARCHITECTURE.md):
+
+- `read()`: up to 3 attempts with exponential backoff and full jitter. Repeating a read costs
+  time, never an effect, so a read that times out is simply tried again.
+- `write()`, `external()`, `destructive()`: exactly one attempt. A timeout after the request may
+  have left is an unknown (`indeterminate`), never a reason to send it again.
+
+`SideEffect` is a plain value so it can be inspected (the approval flag travels in the
+`reserved` event; `toolledger.testing.assert_tool_contract` reads `attempts`). It can be built by
+hand with `attempts > 1` for a write, so that such a declaration is representable and caught by
+the contract check in CI; the executor still never makes more than one attempt of a write.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Literal
+
+EffectKind = Literal["read", "write", "external", "destructive"]
+
+#: Attempts a read gets: the first and two retries.
+READ_ATTEMPTS = 3
+#: The first retry's backoff ceiling in seconds; each later retry doubles it.
+READ_BACKOFF_S = 0.1
+
+
+@dataclass(frozen=True)
+class SideEffect:
+    """What a tool does to the world, whether it needs approval, and how often it may run."""
+
+    kind: EffectKind
+    approval: bool = False
+    attempts: int = 1
+    backoff: float = READ_BACKOFF_S
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise ValueError(f"a {self.kind} tool needs at least one attempt, not {self.attempts}")
+        if self.backoff < 0:
+            raise ValueError(f"backoff must not be negative, not {self.backoff}")
+
+    @property
+    def changes_something(self) -> bool:
+        """True for every effect but a read: the ones that get one attempt and can be unknown."""
+        return self.kind != "read"
+
+    @property
+    def max_attempts(self) -> int:
+        """Attempts the executor makes: the declared ones for a read, one for anything else."""
+        return self.attempts if not self.changes_something else 1
+
+    def backoff_before(self, attempt: int) -> float:
+        """Seconds to wait before `attempt` (2, 3, ...): full jitter under an exponential cap.
+
+        Full jitter (uniform in [0, cap]) spreads retries of many runs hitting one flaky service
+        instead of synchronising them.
+        """
+        cap = self.backoff * 2.0 ** max(attempt - 2, 0)
+        return random.uniform(0, cap)
+
+    def worst_case_backoff(self) -> float:
+        """The longest all retries can sleep; part of the reservation's deadline."""
+        return sum(self.backoff * 2.0 ** (n - 2) for n in range(2, self.max_attempts + 1))
+
+
+def read(*, attempts: int = READ_ATTEMPTS, backoff: float = READ_BACKOFF_S) -> SideEffect:
+    """The tool only looks something up: retried up to `attempts` times (at most 3)."""
+    if not 1 <= attempts <= READ_ATTEMPTS:
+        raise ValueError(f"a read gets 1 to {READ_ATTEMPTS} attempts, not {attempts}")
+    return SideEffect("read", attempts=attempts, backoff=backoff)
+
+
+def write() -> SideEffect:
+    """The tool changes state in a system you own (an account owner, a record): one attempt."""
+    return SideEffect("write")
+
+
+def external(*, approval: bool = False) -> SideEffect:
+    """The tool acts on the outside world (an email, a credit): one attempt."""
+    return SideEffect("external", approval=approval)
+
+
+def destructive(*, approval: bool = True) -> SideEffect:
+    """The tool deletes or irreversibly changes something: one attempt, approval by default."""
+    return SideEffect("destructive", approval=approval)

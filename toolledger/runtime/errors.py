@@ -1,0 +1,228 @@
+"""The errors of the runtime, each written for the person who reads it in a log at 3 a.m.
+
+Two raised *by tools*, to tell the runtime what happened:
+
+- `ToolNotAttemptedError`: nothing left the building (a token expired, an account is locked).
+  Recorded `failed` with `not_attempted=True`; calling again with the same tool_call_id runs it.
+- `ToolFailedError`: the other system definitely said no. Recorded `failed`; no effect.
+
+The rest are raised *by* `Ledger.call` about one call. Every message says what happened, to
+which call (tool, run, call id), and what to do next (STYLE.md item 15), because the people who
+read them are operators deciding whether a customer was charged. They all derive from
+`ToolCallError`, which carries the key and the tool name for code that branches on them.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from toolledger.events.records import CallRecord
+from toolledger.projections.verdicts import LedgerUnavailable
+
+__all__ = [
+    "KeyConflictError",
+    "LedgerUnavailable",
+    "RunQuarantined",
+    "RunSuperseded",
+    "TenantMismatchError",
+    "ToolArgumentsError",
+    "ToolCallAwaitingApproval",
+    "ToolCallError",
+    "ToolCallFailed",
+    "ToolCallInProgress",
+    "ToolCallIndeterminate",
+    "ToolFailedError",
+    "ToolNotAttemptedError",
+    "ToolResultUnreadable",
+]
+
+
+class ToolNotAttemptedError(Exception):
+    """Raised by a tool that refused before any request left: safe to run again later."""
+
+
+class ToolFailedError(Exception):
+    """Raised by a tool when the other system definitely refused: the call had no effect."""
+
+
+def call_label(tool: str, key: str) -> str:
+    """`billing.issue_credit (run r1, call c7)`: how every message names a call."""
+    run_id, _, tool_call_id = key.partition(":")
+    return f"{tool} (run {run_id}, call {tool_call_id})"
+
+
+def resolve_command(key: str) -> str:
+    """The operator command that settles an unknown call."""
+    return f"`toolledger executions resolve {key} --outcome completed|failed --reason ...`"
+
+
+class ToolCallError(Exception):
+    """An error about one call; `key` and `tool` name it for code that branches on it."""
+
+    def __init__(self, message: str, *, key: str, tool: str) -> None:
+        super().__init__(message)
+        self.key = key
+        self.tool = tool
+
+    @property
+    def run_id(self) -> str:
+        return self.key.partition(":")[0]
+
+    @property
+    def tool_call_id(self) -> str:
+        return self.key.partition(":")[2]
+
+
+class ToolArgumentsError(ToolCallError, ValueError):
+    """The arguments do not fit the tool's signature; nothing was reserved or run."""
+
+    def __init__(self, *, key: str, tool: str, problems: str) -> None:
+        super().__init__(
+            f"call {call_label(tool, key)} was not made: its arguments do not fit the tool's "
+            f"signature ({problems}). Fix the arguments; nothing was reserved or run.",
+            key=key,
+            tool=tool,
+        )
+
+
+class KeyConflictError(ToolCallError):
+    """The key was first used with other arguments; the tool did not run."""
+
+    def __init__(self, *, key: str, tool: str, recorded: str, given: str) -> None:
+        super().__init__(
+            f"call {call_label(tool, key)} was first made with other arguments (digest "
+            f"{recorded[:12]}, now {given[:12]}); the tool did not run. The same tool_call_id "
+            "must always carry the same arguments: a new call needs a new tool_call_id.",
+            key=key,
+            tool=tool,
+        )
+
+
+class RunSuperseded(ToolCallError):
+    """Another driver holds the run (or it ended): this one must stand down."""
+
+    def __init__(self, *, key: str, tool: str, detail: str) -> None:
+        run_id = key.partition(":")[0]
+        super().__init__(
+            f"call {call_label(tool, key)} was not made: {detail}. This driver of run {run_id} "
+            "is superseded and must stand down; reload the run from its latest checkpoint if "
+            "it should go on.",
+            key=key,
+            tool=tool,
+        )
+
+
+class ToolCallInProgress(ToolCallError):
+    """Someone else's reservation of the key is running and may still finish."""
+
+    def __init__(self, *, key: str, tool: str, open_until: datetime) -> None:
+        super().__init__(
+            f"call {call_label(tool, key)} is running under another reservation and may still "
+            f"finish until {open_until.isoformat()}; it was not run again. Call again later for "
+            f"its outcome; after that time, an unsettled call can be resolved with "
+            f"{resolve_command(key)}.",
+            key=key,
+            tool=tool,
+        )
+
+
+class ToolCallIndeterminate(ToolCallError):
+    """Nobody knows whether the call took effect; it is never run again by itself."""
+
+    def __init__(self, record: CallRecord, *, tool: str | None = None) -> None:
+        name = tool or record.tool
+        why = record.error or "the process running it stopped before recording an outcome"
+        super().__init__(
+            f"call {call_label(name, record.key)} is indeterminate ({why}): nobody knows whether "
+            "it took effect, so it will not be run again by itself. Look idempotency key "
+            f"{record.key} up in the other system, then resolve it with "
+            f"{resolve_command(record.key)}.",
+            key=record.key,
+            tool=name,
+        )
+        self.record = record
+
+
+class ToolCallFailed(ToolCallError):
+    """Raised by `ToolOutcome.result()` for a call that is settled without a result."""
+
+    def __init__(
+        self,
+        *,
+        key: str,
+        tool: str,
+        error: str | None,
+        not_attempted: bool,
+        settled_by: str | None = None,
+        record: CallRecord | None = None,
+    ) -> None:
+        if not_attempted:
+            next_step = (
+                "Nothing was sent, so calling it again with the same tool_call_id runs it again."
+            )
+        elif settled_by == "operator":
+            next_step = "An operator settled it failed; it had no effect."
+        else:
+            next_step = "It had no effect; call it again only if the failure has been fixed."
+        super().__init__(
+            f"call {call_label(tool, key)} failed: {error or 'no reason recorded'}. {next_step}",
+            key=key,
+            tool=tool,
+        )
+        self.error = error
+        self.not_attempted = not_attempted
+        self.record = record
+
+
+class ToolCallAwaitingApproval(ToolCallError):
+    """The tool requires an operator's approval and has not run."""
+
+    def __init__(self, *, key: str, tool: str, record: CallRecord | None = None) -> None:
+        super().__init__(
+            f"call {call_label(tool, key)} needs an operator's approval and has not run. "
+            f"An operator approves or rejects it (`toolledger executions approve {key} --reason "
+            "...`); then make the call again with the same tool_call_id.",
+            key=key,
+            tool=tool,
+        )
+        self.record = record
+
+
+class RunQuarantined(ToolCallError):
+    """The run's log holds a record nobody can read; its requests are refused until inspected."""
+
+    def __init__(self, *, key: str, tool: str, detail: str) -> None:
+        run_id = key.partition(":")[0]
+        super().__init__(
+            f"call {call_label(tool, key)} was not made: run {run_id} is quarantined ({detail}). "
+            "An operator must inspect `toolledger dead-letters list` before the run can go on.",
+            key=key,
+            tool=tool,
+        )
+
+
+class TenantMismatchError(ToolCallError, PermissionError):
+    """The run belongs to another tenant; nothing was reserved or run."""
+
+    def __init__(self, *, key: str, tool: str, tenant_id: str) -> None:
+        run_id = key.partition(":")[0]
+        super().__init__(
+            f"call {call_label(tool, key)} was refused: run {run_id} belongs to another tenant "
+            f"than {tenant_id}. Use the tenant the run started with, or a new run_id.",
+            key=key,
+            tool=tool,
+        )
+
+
+class ToolResultUnreadable(ToolCallError):
+    """A completed call's recorded result does not fit the tool's declared return type."""
+
+    def __init__(self, *, key: str, tool: str, result_json: str, expected: str, why: str) -> None:
+        shown = result_json if len(result_json) <= 80 else result_json[:77] + "..."
+        super().__init__(
+            f"call {call_label(tool, key)} completed, but its recorded result {shown} cannot be "
+            f"read as {expected} ({why}). The effect stands; read outcome.record.result_json, "
+            "or fix the declared return type.",
+            key=key,
+            tool=tool,
+        )

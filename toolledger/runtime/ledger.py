@@ -1,0 +1,286 @@
+"""`Ledger`: what an agent runtime calls to make a tool call take effect once.
+
+`await ledger.call(tool, run_id=..., tool_call_id=..., tenant_id=..., arguments={...})` walks
+the command flow of ARCHITECTURE.md ("Commands: append, then await a durable verdict"):
+
+1. validate the arguments and fingerprint them (`args_digest`);
+2. read the key's record (the fast path). A completed key with the same digest returns its
+   recorded result without touching Kafka; another digest is a `KeyConflictError`; a `started`
+   or `indeterminate` key is a replay and goes to `toolledger.runtime.replay`. The fast path
+   may skip a call, never decide to run one: only an accepted reservation runs a tool;
+3. append `reserved` and await its verdict. No verdict in time: `abandoned` is appended in the
+   background (retried until it lands) and the call fails closed with `LedgerUnavailable`,
+   not attempted. A rejection is turned into the truth or an error by `replay.lost_reservation`;
+4. run the tool (`toolledger.runtime.executor`: attempts, timeouts, classification);
+5. append the outcome. Inside the reservation's deadline it returns on Kafka's acknowledgement
+   (nobody else may settle the call before then, so the verdict can only agree); later, it
+   awaits the verdict without ever giving up and returns the ledger's truth, which is an
+   operator's decision rather than this late result if one was made meanwhile.
+
+The embedded default is `await Ledger.memory()`; production is `await Ledger.connect()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from datetime import datetime, timedelta
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+from pydantic import ValidationError
+
+from toolledger.events.models import (
+    CallAbandoned,
+    CallReserved,
+    call_key,
+    utcnow,
+)
+from toolledger.events.records import CallRecord
+from toolledger.runtime import replay
+from toolledger.runtime.access import LedgerAccess
+from toolledger.runtime.errors import (
+    LedgerUnavailable,
+    ToolArgumentsError,
+    ToolCallAwaitingApproval,
+    call_label,
+)
+from toolledger.runtime.executor import Attempted, CallIdentity, Indeterminate, execute
+from toolledger.runtime.outcome import ToolOutcome, own_outcome, settled_outcome, unsettled_error
+from toolledger.runtime.recording import AckedOutcomes, BackgroundAppends, outcome_event
+from toolledger.runtime.tools import PreparedCall, Tool
+from toolledger.settings import Settings, load_settings
+from toolledger.stack import LedgerStack
+
+log = logging.getLogger("toolledger.runtime")
+
+T = TypeVar("T")
+
+#: How long `close()` lets background appends (abandons, cancelled outcomes) finish.
+_CLOSE_GRACE_S = 2.0
+
+
+class Ledger(LedgerAccess):
+    """The runtime's handle on the ledger: declares nothing, runs tools through `call()`."""
+
+    def __init__(
+        self,
+        stack: LedgerStack,
+        *,
+        verdict_timeout: float = 10.0,
+        signing_keys: Mapping[str, bytes] | None = None,
+        clock: Callable[[], datetime] = utcnow,
+        owns_stack: bool = False,
+    ) -> None:
+        self.stack = stack
+        self.verdict_timeout = verdict_timeout
+        self.signing_keys: dict[str, bytes] = dict(signing_keys or {})
+        self.clock = clock
+        self._owns_stack = owns_stack
+        self._background = BackgroundAppends()
+        self._acked = AckedOutcomes()
+        self._closing = False
+
+    @classmethod
+    async def memory(
+        cls,
+        signing_keys: Mapping[str, bytes] | None = None,
+        *,
+        verdict_timeout: float = 10.0,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> Ledger:
+        """The embedded ledger: memory log, memory store, in-process projector.
+
+        Without `signing_keys` a random key is made for this process, so operator events (an
+        approval, a resolution) can still be signed and verified while it lives.
+        """
+        keys = dict(signing_keys or {f"local-{secrets.token_hex(4)}": secrets.token_bytes(32)})
+        stack = await LedgerStack.memory(signing_keys=keys)
+        return cls(
+            stack, verdict_timeout=verdict_timeout, signing_keys=keys, clock=clock, owns_stack=True
+        )
+
+    @classmethod
+    async def connect(
+        cls,
+        settings: Settings | None = None,
+        *,
+        run_projector: bool = False,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> Ledger:
+        """Kafka and PostgreSQL, from `settings` or the `TOOLLEDGER_*` environment.
+
+        A bad or missing setting raises `ConfigError` naming the variable. Projectors are
+        separate processes in production (`toolledger projector`); `run_projector=True` runs
+        one in this process (tests, single-node setups).
+        """
+        settings = settings if settings is not None else load_settings()
+        stack = await LedgerStack.connect(settings, run_projector=run_projector)
+        return cls(
+            stack,
+            verdict_timeout=settings.verdict_timeout_s,
+            signing_keys=settings.signing_secrets(),
+            clock=clock,
+            owns_stack=True,
+        )
+
+    @classmethod
+    def from_stack(
+        cls,
+        stack: LedgerStack,
+        *,
+        verdict_timeout: float = 10.0,
+        signing_keys: Mapping[str, bytes] | None = None,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> Ledger:
+        """A ledger on a stack the caller built and closes (tests, several runtimes on one)."""
+        return cls(stack, verdict_timeout=verdict_timeout, signing_keys=signing_keys, clock=clock)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, _t: type[BaseException] | None, _e: BaseException | None, _tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Let background appends finish briefly, then close the stack if this ledger made it."""
+        self._closing = True
+        await self._background.close(_CLOSE_GRACE_S)
+        if self._owns_stack:
+            await self.stack.close()
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
+
+    async def call(
+        self,
+        tool: Tool[Any, T],
+        *,
+        run_id: str,
+        tool_call_id: str,
+        tenant_id: str,
+        arguments: Mapping[str, Any],
+        run_version: int | None = None,
+    ) -> ToolOutcome[T]:
+        """Run `tool` once for the key `<run_id>:<tool_call_id>`, or return what the ledger knows.
+
+        Raises `ToolCallIndeterminate` for an unknown call, and the errors of
+        `toolledger.runtime.errors` for calls that cannot be made; a call that failed is
+        returned as an outcome (`outcome.result()` raises `ToolCallFailed`).
+        """
+        if not run_id or ":" in run_id or not tool_call_id or not tenant_id:
+            raise ValueError(
+                f"call {tool.name} needs a run_id without ':' and a non-empty tool_call_id and "
+                f"tenant_id (got run_id={run_id!r}, tool_call_id={tool_call_id!r}, "
+                f"tenant_id={tenant_id!r})"
+            )
+        who = CallIdentity(run_id, tool_call_id, tenant_id, call_key(run_id, tool_call_id))
+        try:
+            prepared = tool.prepare(arguments)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}" for e in exc.errors()
+            )
+            raise ToolArgumentsError(key=who.key, tool=tool.name, problems=problems) from None
+        record = await self.read_call(who.key)
+        if record is not None:
+            record = await self._own_acked_outcome(record)
+            known = await replay.replay_known(self, tool, prepared, who, record)
+            if known is not None:
+                return known
+        return await self._reserve_and_run(tool, prepared, who, run_version)
+
+    async def _reserve_and_run(
+        self, tool: Tool[Any, T], prepared: PreparedCall, who: CallIdentity, run_version: int | None
+    ) -> ToolOutcome[T]:
+        now = self.clock()
+        reserved = CallReserved(
+            **self.envelope(who, now),
+            run_version=run_version,
+            tool=tool.name,
+            effect=tool.effect.kind,
+            args_digest=prepared.digest,
+            arguments_json=prepared.arguments_json,
+            requires_approval=tool.effect.approval,
+            deadline=now + timedelta(seconds=tool.budget),
+        )
+        try:
+            verdict = await self.stack.commands.append_and_await(reserved, self.verdict_timeout)
+        except asyncio.CancelledError:
+            self._abandon(who, reserved)
+            raise
+        except LedgerUnavailable as exc:
+            self._abandon(who, reserved)
+            raise LedgerUnavailable(
+                f"call {call_label(tool.name, who.key)} was not attempted: {exc}. Its reservation "
+                "is being abandoned in the background; calling again with the same tool_call_id "
+                "is safe once the ledger is reachable."
+            ) from exc
+        if not verdict.accepted:
+            return await replay.lost_reservation(self, tool, prepared, who, verdict, run_version)
+        if verdict.call is not None and verdict.call.status == "awaiting_approval":
+            raise ToolCallAwaitingApproval(key=who.key, tool=tool.name, record=verdict.call)
+
+        def record_cancelled(ended: Attempted) -> None:
+            event = outcome_event(self.envelope(who, self.clock()), reserved.reservation_id, ended)
+            self._background.spawn(self.append_until_landed(event), f"outcome of {who.key}")
+
+        ended = await execute(tool, prepared, who, clock=self.clock, on_cancel=record_cancelled)
+        return await self._record(tool, who, reserved, ended)
+
+    async def _record(
+        self, tool: Tool[Any, T], who: CallIdentity, reserved: CallReserved, ended: Attempted
+    ) -> ToolOutcome[T]:
+        event = outcome_event(self.envelope(who, self.clock()), reserved.reservation_id, ended)
+        # Shielded: a caller that gives up now must not take the outcome of a tool that ran
+        # down with it; the append carries on in the background until it lands.
+        landing = self._background.spawn(self.append_until_landed(event), f"outcome of {who.key}")
+        await asyncio.shield(landing)
+        if not isinstance(ended, Indeterminate) and self.clock() < reserved.deadline:
+            self._acked.remember(who.key, reserved.reservation_id, event.event_id)
+            return own_outcome(tool, who.key, ended)
+        verdict = await self.await_verdict(event)
+        truth = verdict.call
+        if truth is None:
+            raise AssertionError(f"the verdict on the outcome of {who.key} carries no record")
+        if verdict.accepted and not isinstance(ended, Indeterminate):
+            return replace(own_outcome(tool, who.key, ended), record=truth)
+        if not verdict.accepted:
+            log.warning(
+                "outcome of %s was not applied (%s: %s); returning the ledger's truth",
+                who.key,
+                verdict.reason,
+                verdict.detail,
+            )
+        outcome = settled_outcome(tool, truth, replayed=False)
+        if outcome is None:
+            raise unsettled_error(tool.name, truth)
+        return outcome
+
+    def _abandon(self, who: CallIdentity, reserved: CallReserved) -> None:
+        """Make sure a reservation whose verdict this caller will never act on cannot start:
+        `abandoned` settles it failed, not attempted, or tombstones it if it lands later."""
+        abandon = CallAbandoned(
+            **self.envelope(who, self.clock()), reservation_id=reserved.reservation_id
+        )
+        self._background.spawn(self.append_until_landed(abandon), f"abandon {who.key}")
+
+    async def _own_acked_outcome(self, record: CallRecord) -> CallRecord:
+        """Read-your-writes: a `started` record whose outcome this process already appended
+        (and returned on acknowledgement) is answered by that outcome's verdict."""
+        event_id = self._acked.get(record.key, record.reservation_id)
+        if event_id is None or record.status != "started":
+            return record
+        verdict = await self.await_verdict_of(event_id, record.key)
+        self._acked.forget(record.key)
+        return verdict.call or record
+
+    async def wait_background(self, timeout: float) -> bool:
+        """Wait for background appends (abandons, cancelled outcomes) to land; True if all did."""
+        return await self._background.wait(timeout)

@@ -1,0 +1,113 @@
+"""Recording what happened: outcome events, background appends, and outcomes acknowledged early.
+
+Three small pieces `Ledger` needs once a tool has run, kept apart from its control flow:
+
+- `outcome_event` turns the executor's answer into the request the decider folds.
+- `BackgroundAppends` keeps the tasks that append what must land whether or not anybody still
+  waits for it: the `abandoned` of a reservation whose verdict never came (or whose caller was
+  cancelled while waiting), and every outcome, so that a caller cancelled after its tool ran
+  does not take the outcome down with it. They are kept referenced (an unreferenced task can
+  be collected mid-flight) and `Ledger.close()` gives them a moment to land.
+- `AckedOutcomes` remembers outcomes returned on Kafka's acknowledgement, before the projector
+  folded them. Without it, this process replaying such a key a millisecond later would read
+  `started` and answer "in progress" for a call it just completed; with it, it awaits that
+  outcome's verdict instead. It is bounded: a process more than `limit` calls ahead of its
+  projector falls back to the honest "in progress".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Coroutine
+from typing import Any
+
+from toolledger.events.models import CallCompleted, CallEvent, CallFailed, CallIndeterminate
+from toolledger.runtime.access import Envelope
+from toolledger.runtime.executor import Attempted, Completed, Indeterminate
+
+log = logging.getLogger("toolledger.runtime")
+
+
+def outcome_event(envelope: Envelope, reservation_id: uuid.UUID, ended: Attempted) -> CallEvent:
+    """The `completed` / `failed` / `indeterminate` request for how the tool ended."""
+    if isinstance(ended, Completed):
+        return CallCompleted(
+            **envelope, reservation_id=reservation_id, result_json=ended.result_json
+        )
+    if isinstance(ended, Indeterminate):
+        return CallIndeterminate(
+            **envelope,
+            reservation_id=reservation_id,
+            error=ended.error,
+            error_type=ended.error_type,
+        )
+    return CallFailed(
+        **envelope,
+        reservation_id=reservation_id,
+        error=ended.error,
+        error_type=ended.error_type,
+        not_attempted=ended.not_attempted,
+    )
+
+
+class BackgroundAppends:
+    """Tasks appending events nobody awaits, kept until they finish."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def spawn(self, work: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(work, name=f"toolledger: {name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    async def wait(self, timeout: float) -> bool:
+        """Wait up to `timeout` seconds for every task; True if none is left."""
+        end = time.monotonic() + timeout
+        while self._tasks and time.monotonic() < end:
+            await asyncio.wait(set(self._tasks), timeout=max(end - time.monotonic(), 0))
+        return not self._tasks
+
+    async def close(self, grace: float) -> None:
+        """Give the tasks `grace` seconds, then cancel the rest, saying which."""
+        if await self.wait(grace):
+            return
+        late = set(self._tasks)
+        for task in late:
+            log.error(
+                "%s did not land before the ledger closed; it is cancelled. Check the key in "
+                "`toolledger executions` once the ledger is reachable.",
+                task.get_name(),
+            )
+            task.cancel()
+        await asyncio.gather(*late, return_exceptions=True)
+
+
+class AckedOutcomes:
+    """key -> (reservation_id, outcome event_id) of outcomes returned on acknowledgement."""
+
+    def __init__(self, limit: int = 10_000) -> None:
+        self._limit = limit
+        self._entries: OrderedDict[str, tuple[uuid.UUID, uuid.UUID]] = OrderedDict()
+
+    def remember(self, key: str, reservation_id: uuid.UUID, event_id: uuid.UUID) -> None:
+        self._entries[key] = (reservation_id, event_id)
+        self._entries.move_to_end(key)
+        while len(self._entries) > self._limit:
+            self._entries.popitem(last=False)
+
+    def get(self, key: str, reservation_id: uuid.UUID) -> uuid.UUID | None:
+        """The outcome event_id appended for this reservation of `key`, if remembered."""
+        entry = self._entries.get(key)
+        return entry[1] if entry is not None and entry[0] == reservation_id else None
+
+    def forget(self, key: str) -> None:
+        self._entries.pop(key, None)

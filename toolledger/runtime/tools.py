@@ -1,0 +1,265 @@
+"""Tool declarations: `Toolset`, the `@toolset.tool(...)` decorator, and what it derives.
+
+Everything the ledger needs to know about a tool is derived once, at declaration, from the
+function and its side effect, so a replay never needs to run or even import the tool's code:
+
+- **Arguments** are validated by a pydantic model built from the signature (every parameter but
+  the trailing `context: ToolContext`). The canonical JSON of the validated arguments is what
+  `reserved` carries and what `args_digest` fingerprints, so `{"amount": "25"}` and
+  `{"amount": 25}` for an `int` parameter are the same call, and a reworded argument is a
+  `KeyConflictError`, not a silent second call.
+- **Results** are stored as JSON by a pydantic `TypeAdapter` of the declared return type and
+  restored to that type on replay: a replayed call returns a `Credit`, not a dict.
+- **Whether the tool marks sending**: the runtime reads the function's source (`ast`) for an
+  attribute access `<context>.sending` on its context parameter. A tool whose source has none,
+  or whose source cannot be read, is treated as sending from its first line: any error of a
+  write is then `indeterminate` (except `ToolNotAttemptedError` and `ToolFailedError`), which is
+  the conservative answer. Calling `sending()` through a helper or an alias of the context is
+  therefore not seen; pass the context itself and write `context.sending()` in the tool.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import logging
+import textwrap
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, Literal, ParamSpec, TypeVar, get_type_hints
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model
+from pydantic_core import PydanticSerializationError
+
+from toolledger.events.models import args_digest, canonical_json
+from toolledger.events.records import CallRecord
+from toolledger.runtime.context import ToolContext
+from toolledger.runtime.effects import SideEffect
+
+log = logging.getLogger("toolledger.runtime")
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+#: What a reconcile or compensation hook receives: the ledger's record of the call.
+ToolExecutionRecord = CallRecord
+
+
+@dataclass(frozen=True)
+class ReconcileOutcome:
+    """What a reconcile hook found in the other system.
+
+    `completed` (with the real `value`, stored as the call's result), `failed` (the effect
+    definitely did not happen) or `unknown` (the hook cannot tell). `detail` is kept for people.
+    """
+
+    status: Literal["completed", "failed", "unknown"]
+    value: Any = None
+    result_reference: str | None = None
+    detail: str = ""
+
+
+ReconcileHook = Callable[[CallRecord, ToolContext], Awaitable[ReconcileOutcome]]
+CompensationHook = Callable[[CallRecord, ToolContext], Awaitable[Any]]
+
+
+@dataclass(frozen=True)
+class PreparedCall:
+    """Validated arguments: the values to call with, their canonical JSON and its digest."""
+
+    values: dict[str, Any]
+    arguments_json: str
+    digest: str
+
+
+class Tool(Generic[P, T]):
+    """A declared tool: the function plus everything derived from its declaration.
+
+    Calling the tool object calls the function directly (no ledger), which is what a unit test
+    of the tool's own logic wants, with `toolledger.testing.fake_tool_context()`.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[P, Awaitable[T]],
+        *,
+        name: str,
+        effect: SideEffect,
+        reconcile: ReconcileHook | None,
+        compensation: CompensationHook | None,
+        timeout: float,
+    ) -> None:
+        if not inspect.iscoroutinefunction(fn):
+            raise TypeError(f"tool {name} must be an `async def` function")
+        if timeout <= 0:
+            raise ValueError(f"tool {name} needs a positive timeout, not {timeout}")
+        self.fn = fn
+        self.name = name
+        self.effect = effect
+        self.reconcile = reconcile
+        self.compensation = compensation
+        self.timeout = timeout
+        self.__doc__ = fn.__doc__
+        self.signature = inspect.signature(fn)
+        try:
+            self.hints = get_type_hints(fn, include_extras=True)
+        except (NameError, TypeError) as exc:
+            raise TypeError(
+                f"tool {name}: its type hints cannot be resolved ({exc}); define the types it "
+                "uses at module level"
+            ) from exc
+        self.context_param = _context_param(name, self.signature, self.hints)
+        self._params = [
+            p for p in self.signature.parameters.values() if p is not self.context_param
+        ]
+        self._arguments = _arguments_model(name, self._params, self.hints)
+        self.return_type: Any = self.hints.get("return", Any)
+        self._result: TypeAdapter[T] = TypeAdapter(self.return_type)
+        self.marks_sending = uses_context_attribute(fn, self.context_param.name, "sending") is True
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Awaitable[T]:
+        return self.fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<Tool {self.name} {self.effect.kind}>"
+
+    @property
+    def budget(self) -> float:
+        """The longest a call may take, all attempts and backoffs included: the reservation's
+        deadline is `now + budget`, after which others may settle the call."""
+        return self.effect.max_attempts * self.timeout + self.effect.worst_case_backoff()
+
+    def prepare(self, arguments: Mapping[str, Any]) -> PreparedCall:
+        """Validate `arguments`; raises pydantic's `ValidationError` if they do not fit."""
+        model = self._arguments.model_validate(dict(arguments))
+        as_json = model.model_dump(mode="json", by_alias=True)
+        text = canonical_json(as_json)
+        values = {p.name: getattr(model, _field(i)) for i, p in enumerate(self._params)}
+        return PreparedCall(values=values, arguments_json=text, digest=args_digest(as_json))
+
+    def dump_result(self, value: Any) -> str:
+        """The result as stored JSON. A value that does not fit the declared type is stored
+        as plain JSON (logged): its effect happened, and losing the result would be worse."""
+        try:
+            return self._result.dump_json(value, warnings="error").decode()
+        except (PydanticSerializationError, ValueError, TypeError):
+            pass
+        try:
+            return self._result.dump_json(self._result.validate_python(value)).decode()
+        except (ValidationError, PydanticSerializationError, ValueError, TypeError) as exc:
+            log.warning(
+                "result of %s does not fit %r (%s); stored as plain JSON",
+                self.name,
+                self.return_type,
+                exc,
+            )
+            return canonical_json(value)
+
+    def load_result(self, result_json: str) -> T:
+        """The stored result restored to the declared return type (`ValidationError` if not)."""
+        return self._result.validate_json(result_json)
+
+    @property
+    def return_type_name(self) -> str:
+        return getattr(self.return_type, "__name__", repr(self.return_type))
+
+
+class Toolset:
+    """A named group of tools; a tool's name is `<toolset>.<function name>`."""
+
+    def __init__(self, name: str) -> None:
+        if not name or ":" in name:
+            raise ValueError(f"a toolset needs a non-empty name without ':', not {name!r}")
+        self.name = name
+        self._tools: dict[str, Tool[Any, Any]] = {}
+
+    def tool(
+        self,
+        effect: SideEffect,
+        *,
+        reconcile: ReconcileHook | None = None,
+        compensation: CompensationHook | None = None,
+        timeout: float = 30.0,
+    ) -> Callable[[Callable[P, Awaitable[T]]], Tool[P, T]]:
+        """Declare an async tool with its side effect, hooks and per-attempt timeout (s)."""
+
+        def declare(fn: Callable[P, Awaitable[T]]) -> Tool[P, T]:
+            name = f"{self.name}.{fn.__name__}"
+            if name in self._tools:
+                raise ValueError(f"toolset {self.name} already has a tool named {name}")
+            declared = Tool(
+                fn,
+                name=name,
+                effect=effect,
+                reconcile=reconcile,
+                compensation=compensation,
+                timeout=timeout,
+            )
+            self._tools[name] = declared
+            return declared
+
+        return declare
+
+    def __iter__(self) -> Iterator[Tool[Any, Any]]:
+        return iter(self._tools.values())
+
+    def get(self, name: str) -> Tool[Any, Any] | None:
+        """The tool of that full name (`toolset.function`), if declared."""
+        return self._tools.get(name)
+
+
+def _field(index: int) -> str:
+    # Fields are named by position and aliased to the parameter, so a parameter called `copy`
+    # or `schema` cannot shadow a BaseModel attribute.
+    return f"arg{index}"
+
+
+def _context_param(
+    name: str, signature: inspect.Signature, hints: Mapping[str, Any]
+) -> inspect.Parameter:
+    params = list(signature.parameters.values())
+    last = params[-1] if params else None
+    if last is None or not (last.name == "context" or hints.get(last.name) is ToolContext):
+        raise TypeError(f"tool {name} must take `context: ToolContext` as its last parameter")
+    for p in params:
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD, p.POSITIONAL_ONLY):
+            raise TypeError(f"tool {name}: parameter {p.name} must be a plain named parameter")
+    return last
+
+
+def _arguments_model(
+    name: str, params: list[inspect.Parameter], hints: Mapping[str, Any]
+) -> type[BaseModel]:
+    fields: dict[str, Any] = {}
+    for i, p in enumerate(params):
+        default = ... if p.default is inspect.Parameter.empty else p.default
+        fields[_field(i)] = (hints.get(p.name, Any), Field(default, alias=p.name))
+    return create_model(
+        f"{name}.arguments", __config__=ConfigDict(extra="forbid", frozen=True), **fields
+    )
+
+
+def function_source_tree(fn: Callable[..., Any]) -> ast.AST | None:
+    """The parsed source of `fn`, or None when Python cannot show it (built or generated)."""
+    try:
+        source = textwrap.dedent(inspect.getsource(fn))
+    except (OSError, TypeError):
+        return None
+    try:
+        return ast.parse(source)
+    except SyntaxError:
+        return None
+
+
+def uses_context_attribute(fn: Callable[..., Any], context: str, attribute: str) -> bool | None:
+    """Whether `fn`'s source reads `<context>.<attribute>`; None if its source is unavailable."""
+    tree = function_source_tree(fn)
+    if tree is None:
+        return None
+    return any(
+        isinstance(node, ast.Attribute)
+        and node.attr == attribute
+        and isinstance(node.value, ast.Name)
+        and node.value.id == context
+        for node in ast.walk(tree)
+    )
