@@ -13,7 +13,7 @@ import os
 import click
 
 from toolledger.cli.dev import dev
-from toolledger.cli.ledger import dead_letters, history, replay_command
+from toolledger.cli.ledger import audit_command, dead_letters, history, replay_command
 from toolledger.cli.projector import projector
 
 
@@ -38,5 +38,6 @@ main.add_command(projector)
 main.add_command(history)
 main.add_command(dead_letters)
 main.add_command(replay_command)
+main.add_command(audit_command)
 
 __all__ = ["main"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import sys
 from collections.abc import Callable, Coroutine
+from datetime import UTC, datetime
 from typing import TypeVar
 
 import click
@@ -16,6 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 from rich.table import Table
 
+from toolledger.audit import as_of_targets, story
 from toolledger.events.kafka import KafkaLog
 from toolledger.events.log import LogError, LogIdentityError
 from toolledger.projections.postgres import PostgresLedger
@@ -167,3 +169,84 @@ def replay_command(into: str, verify: bool) -> None:
     for line in report.differences:
         _console.print(f"  - {line}")
     sys.exit(1)
+
+
+@click.command("audit")
+@click.argument("key", required=False)
+@click.option("--run", "run_id", help="Tell the whole run's story instead of one key's.")
+@click.option(
+    "--as-of",
+    type=click.DateTime(formats=["%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M:%S.%f", "%Y-%m-%d %H:%M:%S"]),
+    help="Rebuild the ledger as it stood at this UTC time (needs --into).",
+)
+@click.option("--into", help="Schema to rebuild the ledger into for --as-of.")
+def audit_command(
+    key: str | None, run_id: str | None, as_of: datetime | None, into: str | None
+) -> None:
+    """KEY's (or --run's) story from the log itself: every request, its actor and its verdict."""
+    if key is None and run_id is None:
+        raise click.UsageError("give a KEY (run:call) or --run RUN")
+    if as_of is not None and into is None:
+        raise click.UsageError("--as-of needs --into SCHEMA (a new, empty schema)")
+    run = run_id or str(key).split(":", 1)[0]
+
+    async def body(settings: Settings) -> int:
+        _, bootstrap = settings.require_services()
+        log = KafkaLog(bootstrap, settings.events_topic)
+        await log.start()
+        store = await _store(settings)
+        try:
+            if as_of is not None and into is not None:
+                return await _as_of(log, settings, as_of.replace(tzinfo=UTC), into, key)
+            entries = await story(log, store, run_id=run, key=key)
+        finally:
+            await store.close()
+            await log.close()
+        table = Table(title=f"story of {key or run} (from {settings.events_topic})")
+        for col in ("offset", "appended", "event", "key", "actor", "verdict", "detail"):
+            table.add_column(col)
+        for e in entries:
+            v = e.verdict
+            verdict = (
+                "[yellow]no verdict[/yellow]"
+                if v is None
+                else ("[green]accepted[/green]" if v.accepted else f"[red]{v.reason}[/red]")
+            )
+            table.add_row(
+                f"{e.partition}/{e.offset}",
+                e.appended_at.isoformat(timespec="milliseconds"),
+                e.event.type,
+                e.event.key,
+                e.actor,
+                verdict,
+                "" if v is None else v.detail,
+            )
+        _console.print(table)
+        return 0 if entries else 1
+
+    sys.exit(_run(body))
+
+
+async def _as_of(
+    log: KafkaLog, settings: Settings, as_of: datetime, into: str, key: str | None
+) -> int:
+    fresh = await _store(settings, into)
+    try:
+        targets = await as_of_targets(log, as_of)
+        report = await replay(log, fresh, targets=targets)
+        _console.print(
+            f"rebuilt the ledger as of {as_of.isoformat()} into schema {into}: "
+            f"{report.events} events"
+        )
+        if key is not None:
+            record = await fresh.get_call(key)
+            if record is None:
+                _console.print(f"{key} did not exist yet")
+            else:
+                _console.print(
+                    f"{key} was [bold]{record.status}[/bold] (version {record.version}, "
+                    f"settled by {record.settled_by or '-'})"
+                )
+    finally:
+        await fresh.close()
+    return 0

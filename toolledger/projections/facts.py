@@ -13,12 +13,16 @@ import asyncio
 import time
 import uuid
 from collections.abc import Sequence
+from datetime import datetime
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, TypeAdapter
 
 from toolledger.events.fold import DeadLetter, Positioned
 from toolledger.events.log import EventLog
+from toolledger.events.models import AnyEvent, Event
 from toolledger.events.records import Verdict
+
+_EVENT: TypeAdapter[Event] = TypeAdapter(AnyEvent)
 
 
 class Fact(BaseModel):
@@ -30,6 +34,16 @@ class Fact(BaseModel):
     offset: int
     verdict: Verdict
     event_json: str
+
+    @property
+    def event(self) -> Event:
+        """The request this fact decided, as its typed model."""
+        return _EVENT.validate_json(self.event_json)
+
+    @property
+    def occurred_at(self) -> datetime:
+        """When the request was made (its envelope's `occurred_at`)."""
+        return self.event.occurred_at
 
     def headers(self) -> list[tuple[str, bytes]]:
         return [

@@ -1,0 +1,185 @@
+"""Analytics subscribe to facts; auditors read the log itself (real Kafka + PostgreSQL)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+
+import pytest
+
+from tests import builders as b
+from toolledger.audit import story
+from toolledger.events.lifecycle import sign
+from toolledger.events.models import CallResolved, Event
+from toolledger.projections.facts import Fact
+from toolledger.settings import Settings
+from toolledger.stack import LedgerStack
+from toolledger.subscribe import subscribe, subscribe_group
+
+
+def _settings(pg_dsn: str, bootstrap: str, schema: str, prefix: str) -> Settings:
+    return Settings(
+        database_url=pg_dsn,
+        kafka_bootstrap=bootstrap,
+        schema_name=schema,
+        topic_prefix=f"{prefix}.",
+        partitions=2,
+        signing_keys={b.KEY_ID: b.SECRET.decode()},
+    )
+
+
+@pytest.fixture
+def settings(pg_dsn: str, kafka_bootstrap: str, pg_schema: str, topic_prefix: str) -> Settings:
+    return _settings(pg_dsn, kafka_bootstrap, pg_schema, topic_prefix)
+
+
+@pytest.fixture
+async def stack(settings: Settings) -> AsyncIterator[LedgerStack]:
+    s = await LedgerStack.connect(settings, run_projector=True)
+    try:
+        yield s
+    finally:
+        await s.close()
+
+
+async def _project(stack: LedgerStack, *events: Event) -> None:
+    for event in events:
+        await stack.commands.append_and_await(event, timeout=10)
+
+
+def _workload() -> list[Event]:
+    events: list[Event] = []
+    for n in range(12):
+        r = b.reserved(f"run-{n % 4}", f"c{n}")
+        events += [r, b.completed(r) if n % 2 else b.indeterminate(r)]
+    return events
+
+
+async def test_subscribe_from_the_beginning_sees_every_fact_once_in_order_per_run(
+    stack: LedgerStack,
+) -> None:
+    """An analytics consumer must count each decided event exactly once even though facts
+    are published at least once, and see each run's facts in the order they were decided."""
+    events = _workload()
+    await _project(stack, *events)
+    # a resend of an already decided event (a producer retry) must not show up twice
+    await stack.commands.append(events[0], timeout=5)
+    await _project(stack, b.reserved("run-0", "after-resend"))
+    seen = [f async for f in subscribe(stack.facts, follow=False)]
+    ids = [f.verdict.event_id for f in seen]
+    assert len(ids) == len(set(ids)) == len(events) + 1
+    for run in {e.run_id for e in events}:
+        mine = [e.event_id for e in events if e.run_id == run]
+        assert [i for i in ids if i in set(mine)] == mine
+    only_completed = [
+        f async for f in subscribe(stack.facts, follow=False, event_types={"call_completed"})
+    ]
+    assert {f.verdict.event_type for f in only_completed} == {"call_completed"}
+    assert len(only_completed) == 6
+
+
+async def test_a_consumer_group_resumes_where_it_left_off(
+    stack: LedgerStack, settings: Settings
+) -> None:
+    """A restarted analytics job must not start over: with a consumer group it resumes after
+    the last fact it finished (at most the one in hand is delivered again)."""
+    events = _workload()
+    await _project(stack, *events)
+    first: list[Fact] = []
+    group = f"analytics-{settings.topic_prefix}"
+    async with asyncio.timeout(30):
+        async for fact in subscribe_group(settings, group):
+            first.append(fact)
+            if len(first) == 10:
+                break
+    more = [b.reserved("run-9", f"late{n}") for n in range(3)]
+    await _project(stack, *more)
+    expected = {e.event_id for e in [*events, *more]}
+    handled = {f.verdict.event_id for f in first}
+    again: list[Fact] = []
+    async with asyncio.timeout(30):
+        async for fact in subscribe_group(settings, group):
+            again.append(fact)
+            if handled | {f.verdict.event_id for f in again} >= expected:
+                break
+    before = {f.verdict.event_id for f in first[:-1]}
+    assert not before & {f.verdict.event_id for f in again}, "already handled facts came back"
+    assert {e.event_id for e in more} <= {f.verdict.event_id for f in again}
+    assert len(again) <= len(expected) - len(first) + 1
+
+
+def _cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "TOOLLEDGER_DATABASE_URL": str(settings.database_url),
+        "TOOLLEDGER_KAFKA_BOOTSTRAP": str(settings.kafka_bootstrap),
+        "TOOLLEDGER_SCHEMA": settings.schema_name,
+        "TOOLLEDGER_TOPIC_PREFIX": settings.topic_prefix,
+        "TOOLLEDGER_SIGNING_KEYS": f"{b.KEY_ID}:{b.SECRET.decode()}",
+        "COLUMNS": "250",
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "toolledger", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+async def test_audit_as_of_gives_the_state_before_an_operators_resolution(
+    stack: LedgerStack, settings: Settings, pg_dsn: str
+) -> None:
+    """An auditor asking "what did the ledger say before alice resolved it?" must get the
+    indeterminate record, and the key's story must name alice and every verdict."""
+    r = b.reserved("audited", "c1", timeout=0)
+    await _project(stack, r, b.indeterminate(r, t=0.5))
+    await asyncio.sleep(0.05)  # the broker's timestamps are milliseconds: keep them apart
+    before_resolution = datetime.now(UTC)
+    await asyncio.sleep(0.05)
+    resolution = sign(
+        CallResolved(
+            key=r.key,
+            run_id=r.run_id,
+            tool_call_id=r.tool_call_id,
+            tenant_id=r.tenant_id,
+            operator="alice",
+            reason="no credit in the billing console",
+            expected_version=2,
+            outcome="failed",
+        ),
+        b.KEY_ID,
+        b.SECRET,
+    )
+    verdict = await stack.commands.append_and_await(resolution, timeout=10)
+    assert verdict.accepted, verdict.detail
+
+    entries = await story(stack.events, stack.store, run_id="audited", key=r.key)
+    assert [e.event.type for e in entries] == [
+        "call_reserved",
+        "call_indeterminate",
+        "call_resolved",
+    ]
+    assert entries[-1].actor == "operator:alice"
+    assert all(e.verdict is not None and e.verdict.accepted for e in entries)
+
+    stamp = before_resolution.strftime("%Y-%m-%dT%H:%M:%S.%f")
+    into = f"{settings.schema_name}_asof"
+    try:
+        shown = _cli(settings, "audit", r.key, "--as-of", stamp, "--into", into)
+        assert shown.returncode == 0, shown.stdout + shown.stderr
+        assert "was indeterminate" in shown.stdout
+        now = _cli(settings, "audit", r.key)
+        assert now.returncode == 0, now.stderr
+        assert "operator:alice" in now.stdout and "call_resolved" in now.stdout
+    finally:
+        import asyncpg
+
+        conn = await asyncpg.connect(pg_dsn)
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{into}" CASCADE')
+        await conn.close()
