@@ -22,7 +22,7 @@ import types
 import uuid
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from fastavro.schema import to_parsing_canonical_form
 from pydantic import BaseModel
@@ -92,6 +92,8 @@ def _field(model: type[BaseModel], name: str, owner: str) -> dict[str, Any]:
 def _avro_type(annotation: Any, name: str, owner: str) -> Any:
     origin = get_origin(annotation)
     args = get_args(annotation)
+    if origin is Annotated:  # bounds (e.g. Long) do not change the Avro type
+        return _avro_type(args[0], name, owner)
     if origin in (Union, types.UnionType):
         (inner,) = [arg for arg in args if arg is not type(None)]
         return ["null", _avro_type(inner, name, owner)]

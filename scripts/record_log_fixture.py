@@ -1,13 +1,17 @@
 """Write the recorded-log fixture: a log covering every rule, and the ledger it folds to.
 
 Run deliberately (`python -m scripts.record_log_fixture`) only when a new schema version is
-released; the committed files are what CI folds to prove old logs still fold the same.
+released; the committed files are what CI folds to prove old logs still fold the same. After a
+deliberate change to how the ledger stores history (never to the log),
+`python -m scripts.record_log_fixture --expected-only` refolds the committed log and rewrites
+only the expected ledger.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import sys
 from pathlib import Path
 
 from tests import builders as b
@@ -87,13 +91,16 @@ def expected(ledger: LedgerFold) -> dict[str, object]:
 
 
 def main() -> None:
-    records = [
-        {"offset": n + 1, "key": key, "value": base64.b64encode(value).decode()}
-        for n, (key, value) in enumerate(scenario())
-    ]
-    OUT.mkdir(parents=True, exist_ok=True)
     log_path = OUT / f"recorded_log_v{SCHEMA_VERSION}.jsonl"
-    log_path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    if "--expected-only" in sys.argv:
+        records = [json.loads(line) for line in log_path.read_text().splitlines()]
+    else:
+        records = [
+            {"offset": n + 1, "key": key, "value": base64.b64encode(value).decode()}
+            for n, (key, value) in enumerate(scenario())
+        ]
+        OUT.mkdir(parents=True, exist_ok=True)
+        log_path.write_text("".join(json.dumps(r) + "\n" for r in records))
     ledger_path = OUT / f"recorded_ledger_v{SCHEMA_VERSION}.json"
     ledger_path.write_text(json.dumps(expected(fold(records)), indent=1, sort_keys=True) + "\n")
     print(f"wrote {log_path} ({len(records)} records) and {ledger_path}")

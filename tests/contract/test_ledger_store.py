@@ -465,7 +465,7 @@ class TestLedgerStoreContract:
             (3, "call_completed", "accepted", 2),
         ]
         assert history[1].actor == "runtime:runtime-b/22"
-        assert history[1].event_json == rival.model_dump_json()
+        assert history[1].event_json == rival.history_json()
         found = await ledger.verdicts([rival.event_id, done.event_id, uuid.uuid4()])
         assert found == {rival.event_id: verdicts[1], done.event_id: verdicts[2]}
         run = await ledger.get_run("r1")

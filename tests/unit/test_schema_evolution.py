@@ -2,9 +2,10 @@
 
 The general test walks whatever `.avsc` files are on disk and checks fastavro's resolution against
 the Avro specification's rules, written out here (`_resolved`): a field the writer lacks takes the
-reader's default, a symbol the reader lacks takes the enum's default. Only v1 schemas are released
-today, so `schemas_fixture/` holds a test-only CallReserved.v2 (a new field with a default, a new
-effect symbol) next to a copy of the released v1, to prove the machinery catches what it claims.
+reader's default, a symbol the reader lacks takes the enum's default. Released today: v1 of every
+type and CallReserved.v2 (the `warning` field). `schemas_fixture/` holds copies of the released
+CallReserved versions and a test-only, unreleased CallReserved.v3 (a new field with a default, a
+new effect symbol), to prove the machinery catches what it claims.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from toolledger.events.codec import DecodeError, decode, default_codec, encode, frame, unframe
+from toolledger.events.codec import DecodeError, decode, default_codec, frame, unframe
 from toolledger.events.models import CallReserved
 from toolledger.schemas import SchemaRegistry
 
@@ -155,16 +156,17 @@ def test_every_schema_version_reads_every_earlier_one(which: str, data: st.DataO
 
 
 def test_the_fixture_gives_the_evolution_test_something_to_prove() -> None:
-    """Without a v2 on disk the general test would pass having compared nothing across versions."""
-    v1, v2 = REGISTRIES["fixture"].versions("CallReserved")
-    assert (v1.version, v2.version) == (1, 2)
-    assert v1.fingerprint != v2.fingerprint
+    """Without a future version on disk the general test would compare only released ones."""
+    versions = REGISTRIES["fixture"].versions("CallReserved")
+    assert [v.version for v in versions] == [1, 2, 3]
+    assert len({v.fingerprint for v in versions}) == 3
 
 
-def test_the_fixture_v1_is_the_released_v1() -> None:
-    """The fixture must evolve the schema the log really holds, not a look-alike."""
-    fixture = json.loads((FIXTURE_DIR / "CallReserved.v1.avsc").read_text(encoding="utf-8"))
-    assert fixture == SchemaRegistry.packaged().versions("CallReserved")[0].definition
+def test_the_fixtures_released_versions_are_the_released_ones() -> None:
+    """The fixture must evolve the schemas the log really holds, not look-alikes."""
+    for released in SchemaRegistry.packaged().versions("CallReserved"):
+        path = FIXTURE_DIR / f"CallReserved.v{released.version}.avsc"
+        assert json.loads(path.read_text(encoding="utf-8")) == released.definition
 
 
 def _event() -> CallReserved:
@@ -180,13 +182,13 @@ def _event() -> CallReserved:
     )
 
 
-def test_a_v1_record_reads_with_the_v2_reader_and_gets_the_new_fields_default() -> None:
-    event = _event()
-    written = encode(event)
-    resolved = unframe(REGISTRIES["fixture"], written)
-    assert (resolved.writer.version, resolved.reader.version) == (1, 2)
-    _, v1_datum = default_codec().to_datum(event)
-    assert resolved.value == v1_datum | {"attempt_limit": 1}
+def test_a_v1_record_reads_with_a_newer_reader_and_gets_the_new_fields_defaults() -> None:
+    released_v1 = SchemaRegistry.packaged().versions("CallReserved")[0]
+    _, datum = default_codec().to_datum(_event())
+    v1_datum = {k: v for k, v in datum.items() if k != "warning"}
+    resolved = unframe(REGISTRIES["fixture"], frame(released_v1, v1_datum))
+    assert (resolved.writer.version, resolved.reader.version) == (1, 3)
+    assert resolved.value == v1_datum | {"warning": None, "attempt_limit": 1}
 
 
 @pytest.mark.parametrize(
@@ -196,10 +198,10 @@ def test_an_effect_symbol_unknown_to_the_v1_reader_reads_as_its_default(
     written: str, read: str
 ) -> None:
     """An old reader given a newer writer's schema must survive a symbol it has never seen."""
-    v1, v2 = REGISTRIES["fixture"].versions("CallReserved")
+    v1, _, v3 = REGISTRIES["fixture"].versions("CallReserved")
     original = _event()
     _, datum = default_codec().to_datum(original)
-    framed = frame(v2, datum | {"effect": written, "attempt_limit": 3})
+    framed = frame(v3, datum | {"effect": written, "attempt_limit": 3})
     resolved = unframe(REGISTRIES["fixture"], framed, reader=v1)
     assert resolved.value["effect"] == read
     assert "attempt_limit" not in resolved.value
@@ -209,12 +211,12 @@ def test_an_effect_symbol_unknown_to_the_v1_reader_reads_as_its_default(
 
 def test_a_reader_without_the_writers_schema_halts_instead_of_guessing() -> None:
     """Defaults help only a reader that has the writer's schema: deploy readers before writers."""
-    _, v2 = REGISTRIES["fixture"].versions("CallReserved")
+    *_, v3 = REGISTRIES["fixture"].versions("CallReserved")
     _, datum = default_codec().to_datum(_event())
     with pytest.raises(DecodeError) as caught:
-        decode(frame(v2, datum | {"attempt_limit": 3}))
+        decode(frame(v3, datum | {"attempt_limit": 3}))
     assert caught.value.reason == "unknown_fingerprint"
-    assert caught.value.fingerprint == v2.fingerprint.hex()
+    assert caught.value.fingerprint == v3.fingerprint.hex()
 
 
 def _enums(node: Any) -> list[dict[str, Any]]:

@@ -85,7 +85,7 @@ def history_entry(item: Positioned, verdict: Verdict) -> HistoryEntry:
         occurred_at=event.occurred_at,
         actor=actor_of(event),
         version=version,
-        event_json=event.model_dump_json(),
+        event_json=event.history_json(),
     )
 
 

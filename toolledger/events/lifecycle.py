@@ -258,7 +258,7 @@ def _reserved(d: _Decision, e: CallReserved) -> Verdict:
             created_at=e.occurred_at,
             updated_at=e.occurred_at,
         )
-        return d.accept(f"{e.key} reserved", new)
+        return d.accept(_with_warning(f"{e.key} reserved", e), new)
     if call.args_digest != e.args_digest:
         return d.reject(
             "key_conflict",
@@ -291,7 +291,11 @@ def _reserved(d: _Decision, e: CallReserved) -> Verdict:
         reason=call.reason if approved else None,
         reconcile_attempts=0,
     )
-    return d.accept(f"{e.key} reserved again after {call.status}", new)
+    return d.accept(_with_warning(f"{e.key} reserved again after {call.status}", e), new)
+
+
+def _with_warning(detail: str, e: CallReserved) -> str:
+    return detail if e.warning is None else f"{detail}; warning: {e.warning}"
 
 
 def _current(d: _Decision, e: CallEvent, reservation_id: object) -> Verdict | CallRecord:

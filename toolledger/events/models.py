@@ -117,6 +117,15 @@ class Event(BaseModel):
     producer: Producer = Field(default_factory=Producer.this_process)
     schema_version: Long = SCHEMA_VERSION
 
+    def history_json(self) -> str:
+        """The event as the ledger's history keeps it: JSON without the fields that are None.
+
+        Fields are only ever added with a None default (Avro evolution), so an old event reads
+        back to the same text after an upgrade, and a replay by a newer reader still has the
+        same history digest as the ledger it checks.
+        """
+        return self.model_dump_json(exclude_none=True)
+
     @model_validator(mode="after")
     def _key_matches(self) -> Self:
         expected = (
@@ -148,6 +157,9 @@ class CallReserved(CallEvent):
     #: Set on the reservation of a compensation call (`<key>:compensate`): the key it undoes.
     #: Such a call is started by an operator, not by the run's driver, so it carries no run_version.
     compensates: str | None = None
+    #: A warning the driver wants in the key's history (schema v2), e.g. a duplicate intent
+    #: that policy allowed to run.
+    warning: str | None = None
 
 
 class CallCompleted(CallEvent):

@@ -67,7 +67,7 @@ def facts_of(items: Sequence[Positioned | DeadLetter], verdicts: Sequence[Verdic
                 partition=item.partition,
                 offset=item.offset,
                 verdict=verdict,
-                event_json=item.event.model_dump_json(),
+                event_json=item.event.history_json(),
             )
         )
     return facts
