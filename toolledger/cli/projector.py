@@ -1,8 +1,11 @@
 """`toolledger projector`: run a projector process until SIGTERM or SIGINT.
 
-Run as many as you like: partitions are shared out through PostgreSQL advisory locks, and a
-process that dies hands its partitions to the others within a second. It exits non-zero with the
-log-identity error when the topic is not the one the ledger was built from.
+Run two or more: ownership of partitions goes through PostgreSQL advisory locks. The first
+process takes every free partition; the others are hot standbys that take a dead process's
+partitions within a second (a hung one's within about ten: PostgreSQL ends its idle
+transaction). A lost database connection is survived: positions are re-read when it is back.
+It exits non-zero with the log-identity error when the topic is not the one the ledger was
+built from.
 """
 
 from __future__ import annotations

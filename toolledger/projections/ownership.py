@@ -20,6 +20,8 @@ from collections.abc import Iterable
 
 import asyncpg
 
+from toolledger.projections.dberrors import DATABASE_ERRORS
+
 
 class PartitionLocks(ABC):
     """Exclusive ownership of partitions across processes."""
@@ -84,7 +86,7 @@ class PostgresPartitionLocks(PartitionLocks):
             if not self._held:  # the connection was replaced: the old session's locks are gone
                 return False
             await conn.fetchval("SELECT 1")
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+        except DATABASE_ERRORS:
             self._held.clear()
             await self._drop()
             return False
@@ -104,7 +106,9 @@ class PostgresPartitionLocks(PartitionLocks):
         if conn is not None and not conn.is_closed():
             try:
                 await conn.close(timeout=2)
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError):
+            except DATABASE_ERRORS:
+                conn.terminate()
+            except TimeoutError:
                 conn.terminate()
 
 

@@ -35,6 +35,7 @@ from toolledger.events.log import (
 )
 from toolledger.events.models import Event
 from toolledger.events.records import Verdict
+from toolledger.projections.dberrors import DATABASE_ERRORS
 from toolledger.projections.facts import FactsPublisher, facts_of
 from toolledger.projections.ownership import PartitionLocks
 from toolledger.projections.store import LedgerStore, OffsetConflict
@@ -180,7 +181,10 @@ class Projector:
         watch = asyncio.create_task(self._watch_identity(), name="toolledger-identity-watch")
         try:
             while not self._stopping.is_set():
-                await self.step()
+                try:
+                    await self.step()
+                except DATABASE_ERRORS as exc:
+                    await self._lost_database(exc)
             if self._identity_failure is not None:
                 raise self._identity_failure
         finally:
@@ -189,6 +193,20 @@ class Projector:
                 await watch
             await self._reader.close()
             await self.locks.close()
+
+    async def _lost_database(self, exc: BaseException) -> None:
+        """PostgreSQL went away mid-batch (a restart, a failover, a killed session).
+
+        Whether the last batch committed is unknown, so every partition is re-read from the
+        offsets the ledger holds once it answers again; the compare-and-set makes a batch that
+        did commit impossible to apply twice. The projector keeps running rather than exiting:
+        a database restart must not take every projector down with it.
+        """
+        log.warning("PostgreSQL error (%s); re-reading positions when it is back", exc)
+        self._resync |= set(self._owned) | self.locks.held()
+        self._owned.clear()
+        self._next_ownership = 0.0
+        await asyncio.sleep(0.5)
 
     async def _watch_identity(self) -> None:
         """Re-read offset 0 every few seconds while running.

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 import asyncpg
 
 from toolledger.events.records import Verdict
+from toolledger.projections.dberrors import DATABASE_ERRORS
 
 log = logging.getLogger("toolledger.verdicts")
 
@@ -103,7 +104,7 @@ class VerdictWaiter:
             self.polls += 1
             try:
                 found = await self._source.verdicts(list(self._pending))
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            except DATABASE_ERRORS as exc:
                 log.warning("reading verdicts failed (%s); retrying", exc)
                 await asyncio.sleep(self._poll_interval)
                 continue
@@ -168,7 +169,7 @@ class PostgresNotifications:
             while True:
                 try:
                     await self._connect()
-                except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                except DATABASE_ERRORS as exc:
                     log.warning("LISTEN reconnect failed (%s)", exc)
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, 2.0)

@@ -19,10 +19,9 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import TypedDict
 
-import asyncpg
-
 from toolledger.events.models import CallEvent
 from toolledger.events.records import CallRecord, Verdict
+from toolledger.projections.dberrors import DATABASE_ERRORS
 from toolledger.runtime.errors import LedgerUnavailable
 from toolledger.runtime.executor import CallIdentity
 from toolledger.stack import LedgerStack
@@ -64,7 +63,7 @@ class LedgerAccess:
         """The key's record; `LedgerUnavailable` (nothing ran) if the store cannot be read."""
         try:
             return await self.stack.store.get_call(key)
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        except DATABASE_ERRORS as exc:
             raise LedgerUnavailable(
                 f"cannot read the ledger record of {key} ({exc}); the call was not attempted. "
                 "Call again once PostgreSQL is reachable."
