@@ -17,7 +17,7 @@ from datetime import datetime
 from pydantic import BaseModel, ConfigDict
 
 from toolledger.events.lifecycle import SigningKeys, decide
-from toolledger.events.models import Event, OperatorEvent, canonical_json
+from toolledger.events.models import Event, OperatorEvent, ReconcileAttempted, canonical_json
 from toolledger.events.records import CallRecord, Reason, RunRecord, Verdict
 
 
@@ -64,7 +64,11 @@ def actor_of(event: Event) -> str:
     """Who appended an event, as auditors read it: an operator's id, else the process."""
     if isinstance(event, OperatorEvent):
         return f"operator:{event.operator}"
-    source = getattr(event, "source", "runtime")
+    source = (
+        "reconcile"
+        if isinstance(event, ReconcileAttempted)
+        else getattr(event, "source", "runtime")
+    )
     return f"{source}:{event.producer.host}/{event.producer.pid}"
 
 
