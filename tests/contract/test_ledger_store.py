@@ -50,7 +50,7 @@ from toolledger.events.models import (
 from toolledger.events.records import Verdict
 from toolledger.projections.facts import Fact
 from toolledger.projections.memory import MemoryLedger
-from toolledger.projections.migrations import migrate
+from toolledger.projections.migrations import load_migrations, migrate
 from toolledger.projections.postgres import PostgresLedger
 from toolledger.projections.store import (
     LedgerSnapshot,
@@ -802,9 +802,10 @@ class TestPostgresLedger(TestLedgerStoreContract):
         conns = [await asyncpg.connect(pg_dsn, server_settings=settings) for _ in range(3)]
         try:
             applied = await asyncio.gather(*(migrate(c, pg_schema) for c in conns))
-            assert sorted(applied) == [[], [], [1]]
-            rows = await conns[0].fetch("SELECT version FROM schema_migrations")
-            assert [r["version"] for r in rows] == [1]
+            versions = [m.version for m in load_migrations()]
+            assert sorted(applied) == [[], [], versions]
+            rows = await conns[0].fetch("SELECT version FROM schema_migrations ORDER BY version")
+            assert [r["version"] for r in rows] == versions
         finally:
             for c in conns:
                 await c.close()

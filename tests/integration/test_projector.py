@@ -289,3 +289,29 @@ async def test_history_and_dead_letters_commands_show_what_the_ledger_holds(
     letters = _cli(settings, "dead-letters", "list")
     assert letters.returncode == 0, letters.stderr
     assert "cli-bad" in letters.stdout
+
+
+async def test_the_projector_survives_its_database_connections_being_killed(
+    stack: LedgerStack, pg_dsn: str
+) -> None:
+    """A PostgreSQL restart or failover ends every session. The projector must not exit: it
+    re-reads its positions once the database answers and goes on, applying nothing twice."""
+    first = b.reserved("pg-run", "c1")
+    await _project(stack, first)
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        killed = await conn.fetchval(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE application_name IN ($1, $2)",
+            f"toolledger-store-{os.getpid()}",
+            f"toolledger-locks-{os.getpid()}",
+        )
+    finally:
+        await conn.close()
+    assert killed >= 2
+    second = b.reserved("pg-run", "c2")
+    verdict = await stack.commands.append_and_await(second, timeout=15)
+    assert verdict.accepted
+    assert not stack.projector_task.done()
+    history = await stack.store.history(first.key)
+    assert [h.event_id for h in history] == [first.event_id]

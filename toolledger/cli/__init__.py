@@ -12,9 +12,15 @@ import os
 
 import click
 
+from toolledger.cli.api import api
+from toolledger.cli.demo import demo
 from toolledger.cli.dev import dev
+from toolledger.cli.executions import executions
 from toolledger.cli.ledger import audit_command, dead_letters, history, replay_command
 from toolledger.cli.projector import projector
+from toolledger.cli.reconciler import reconciler
+from toolledger.cli.resumer import resumer
+from toolledger.cli.tokens import tokens
 
 
 class _InOrderGroup(click.Group):
@@ -33,8 +39,14 @@ def main() -> None:
         logging.basicConfig(level=level.upper(), format="%(asctime)s %(name)s %(message)s")
 
 
+main.add_command(demo)
 main.add_command(dev)
 main.add_command(projector)
+main.add_command(reconciler)
+main.add_command(resumer)
+main.add_command(api)
+main.add_command(tokens)
+main.add_command(executions)
 main.add_command(history)
 main.add_command(dead_letters)
 main.add_command(replay_command)

@@ -15,12 +15,15 @@ import asyncio
 import contextlib
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
+from datetime import datetime
 
 from toolledger.events.fold import DeadLetter, HistoryEntry, LedgerFold, Positioned
 from toolledger.events.log import LogIdentity
 from toolledger.events.records import CallRecord, RunRecord, Verdict
 from toolledger.projections.facts import Fact
 from toolledger.projections.store import (
+    CallQuery,
+    CallStats,
     LedgerSnapshot,
     LedgerStore,
     OffsetConflict,
@@ -28,7 +31,9 @@ from toolledger.projections.store import (
     batch_reads,
     check_batch,
     check_identity,
+    count_calls,
     fold_batch,
+    select_calls,
 )
 
 
@@ -127,6 +132,12 @@ class MemoryLedger(LedgerStore):
 
     async def history(self, key: str) -> list[HistoryEntry]:
         return list(self._history_by_key.get(key, ()))
+
+    async def list_calls(self, query: CallQuery) -> list[CallRecord]:
+        return select_calls(self._fold.calls.values(), query)
+
+    async def call_stats(self, now: datetime, older_than: Sequence[float]) -> CallStats:
+        return count_calls(self._fold.calls.values(), now, older_than)
 
     async def verdicts(self, event_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, Verdict]:
         found = self._fold.verdicts

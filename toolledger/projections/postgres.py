@@ -1,11 +1,15 @@
 """The PostgreSQL ledger store: the projection production runs on.
 
-`apply_batch` is the projector's hot path: one transaction per batch, in this order.
+`apply_batch` is the projector's hot path. A small batch (a live projector's usual fetch; see
+`toolledger.projections.batch_sql`) takes two round trips: one query loads what the fold reads,
+and one statement writes rows, history, verdicts, dead letters, the offset compare-and-set and
+the notifications, writing nothing unless the CAS hits. A large batch (catch-up) is one
+transaction, in this order:
 
 1. The offset compare-and-set (`UPDATE projection_offsets ... WHERE next_offset = $start`) runs
    first and holds the partition's row lock to the end, so a zombie projector whose CAS misses
    has written nothing, and a second projector racing for the partition waits, then misses.
-2. One query each loads the stored calls, runs and already-decided event_ids the batch names.
+2. One query loads the stored calls, runs and already-decided event_ids the batch names.
 3. `BatchFold` (the `LedgerFold` that the memory store and replay use, so the decider's rules
    exist once) folds the batch in Python, while `_Appender` COPYs the history and verdict rows
    decided so far: PostgreSQL works while Python folds.
@@ -13,18 +17,20 @@
    `executemany`, and one statement sends `pg_notify(notify_channel, event_id)` for each new
    verdict, in log order: a hint delivered on commit, never the truth.
 
-Statements are prepared once per connection (asyncpg's statement cache). Every connection's
+Statements are prepared once per connection (asyncpg's statement cache), and the pool does not
+reset sessions between uses (`_keep_session` says why that is safe). Every connection's
 `search_path` is the ledger's schema, so the SQL here and in the migrations stays unqualified.
 JSON is stored as text so that what is read back is byte-for-byte what was folded, which keeps
-`digest()` equal to `LedgerFold.digest()` over the same log.
-"""
+`digest()` equal to `LedgerFold.digest()` over the same log."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from datetime import datetime
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
@@ -32,11 +38,22 @@ import asyncpg
 
 from toolledger.events.fold import DeadLetter, HistoryEntry, Positioned
 from toolledger.events.log import LogIdentity
-from toolledger.events.records import CallRecord, RunRecord, Verdict
+from toolledger.events.records import UNSETTLED, CallRecord, RunRecord, Verdict
+from toolledger.projections.batch_sql import (
+    CALL_TYPES,
+    HISTORY_TYPES,
+    LOAD,
+    RUN_TYPES,
+    VERDICT_TYPES,
+    SmallBatch,
+    loaded,
+)
 from toolledger.projections.facts import Fact
 from toolledger.projections.migrations import check_schema_name, migrate, quote_ident
 from toolledger.projections.store import (
     BatchFold,
+    CallQuery,
+    CallStats,
     LedgerSnapshot,
     LedgerStore,
     OffsetConflict,
@@ -50,50 +67,10 @@ from toolledger.projections.store import (
 if TYPE_CHECKING:
     from toolledger.projections.migrations import Conn
 
-_CALL_TYPES: dict[str, str] = {
-    "key": "text",
-    "run_id": "text",
-    "tool_call_id": "text",
-    "tenant_id": "text",
-    "tool": "text",
-    "effect": "text",
-    "status": "text",
-    "version": "integer",
-    "reservation_id": "uuid",
-    "args_digest": "text",
-    "arguments_json": "text",
-    "requires_approval": "boolean",
-    "deadline": "timestamptz",
-    "not_attempted": "boolean",
-    "result_json": "text",
-    "result_reference": "text",
-    "error": "text",
-    "settled_by": "text",
-    "operator": "text",
-    "reason": "text",
-    "reconcile_attempts": "integer",
-    "created_at": "timestamptz",
-    "updated_at": "timestamptz",
-}
-_HISTORY_TYPES: dict[str, str] = {
-    "key": "text",
-    "event_id": "uuid",
-    "event_type": "text",
-    "partition": "integer",
-    "offset": "bigint",
-    "accepted": "boolean",
-    "reason": "text",
-    "detail": "text",
-    "occurred_at": "timestamptz",
-    "actor": "text",
-    "version": "integer",
-    "event_json": "text",
-}
-_RUN_COLUMNS = tuple(RunRecord.model_fields)
-
-for _model, _fields in ((CallRecord, _CALL_TYPES), (HistoryEntry, _HISTORY_TYPES)):
-    if tuple(_model.model_fields) != tuple(_fields):
-        raise ImportError(f"{_model.__name__} changed: add a migration and update postgres.py")
+# The column lists live with the batch statements built from them (and check the models).
+_CALL_TYPES = CALL_TYPES
+_HISTORY_TYPES = HISTORY_TYPES
+_RUN_COLUMNS = tuple(RUN_TYPES)
 
 
 # These builders put identifiers and types into SQL; they only ever receive this module's
@@ -119,14 +96,11 @@ def _names(columns: Iterable[str]) -> str:
 
 _CAS = "UPDATE projection_offsets SET next_offset = $3 WHERE partition = $1 AND next_offset = $2"
 _OFFSET = "SELECT next_offset FROM projection_offsets WHERE partition = $1"
-# Batch loads join an unnested array instead of `= ANY($1)`: under a cached generic plan the
-# planner may pick a sequential scan that compares every row with every array element.
-_LOAD_CALLS = _select(
-    "unnest($1::text[]) AS wanted(key) JOIN tool_executions USING (key)", _CALL_TYPES
-)
-_LOAD_RUNS = _select("unnest($1::text[]) AS wanted(run_id) JOIN runs USING (run_id)", _RUN_COLUMNS)
-_LOAD_DECIDED = (
-    "SELECT event_id FROM unnest($1::uuid[]) AS wanted(event_id) JOIN verdicts USING (event_id)"
+_LIST_RUNS = _select(
+    "runs",
+    _RUN_COLUMNS,
+    "WHERE status = ANY($1::text[]) AND ($2::text IS NULL OR tenant_id = $2) "
+    "ORDER BY updated_at NULLS FIRST, run_id LIMIT $3",
 )
 _VERDICTS = (
     "SELECT verdict_json FROM unnest($1::uuid[]) AS wanted(event_id) JOIN verdicts USING (event_id)"
@@ -145,7 +119,7 @@ _UPSERT_RUN = _upsert(
     _RUN_COLUMNS,
     f"VALUES ({', '.join(f'${i}' for i in range(1, len(_RUN_COLUMNS) + 1))})",
 )
-_VERDICT_COLUMNS = ("event_id", "partition", "offset", "accepted", "reason", "verdict_json")
+_VERDICT_COLUMNS = tuple(VERDICT_TYPES)
 # In log order: a waiter may see hints in the order the events were appended.
 _NOTIFY = (
     "SELECT pg_notify($1, event_id::text) FROM verdicts "
@@ -181,6 +155,42 @@ _MARK_FACTS_PUBLISHED = (
     "greatest(facts_offsets.published_offset, EXCLUDED.published_offset)"
 )
 
+_COUNT_BY_STATUS = "SELECT status, count(*) AS n FROM tool_executions GROUP BY status"
+# Cumulative: a call unsettled for an hour counts under every bound up to an hour.
+_COUNT_UNSETTLED = (
+    "SELECT t.status, b.bound, count(*) AS n FROM tool_executions AS t "
+    "JOIN unnest($2::float8[]) AS b(bound) "
+    "ON t.updated_at <= $1::timestamptz - make_interval(secs => b.bound) "
+    "WHERE t.status = ANY($3::text[]) GROUP BY t.status, b.bound"
+)
+
+
+def _list_calls_sql(query: CallQuery) -> tuple[str, list[Any]]:
+    """The operator-queue query for `query`: only the predicates it uses, so each shape gets a
+    plan that can use `tool_executions_listing` (migration 0002) instead of OR-ing NULL checks."""
+    args: list[Any] = []
+
+    def arg(value: Any) -> str:
+        args.append(value)
+        return f"${len(args)}"
+
+    where: list[str] = []
+    if query.tenant_id is not None:
+        where.append(f"tenant_id = {arg(query.tenant_id)}")
+    if query.statuses:
+        where.append(f"status = ANY({arg(sorted(query.statuses))}::text[])")
+    if query.tool is not None:
+        where.append(f"tool = {arg(query.tool)}")
+    if query.run_id is not None:
+        where.append(f"run_id = {arg(query.run_id)}")
+    if query.after is not None:
+        at, key = query.after
+        where.append(f"(updated_at, key) > ({arg(at)}::timestamptz, {arg(key)}::text)")
+    rest = f"WHERE {' AND '.join(where)} " if where else ""
+    rest += f"ORDER BY updated_at, key LIMIT {arg(query.limit)}"
+    return _select("tool_executions", _CALL_TYPES, rest), args
+
+
 _call_values = attrgetter(*_CALL_TYPES)
 _history_values = attrgetter(*_HISTORY_TYPES)
 _run_values = attrgetter(*_RUN_COLUMNS)
@@ -194,6 +204,10 @@ def _verdict_values(v: Verdict, h: HistoryEntry) -> tuple[Any, ...]:
     return (v.event_id, h.partition, h.offset, v.accepted, v.reason, v.model_dump_json())
 
 
+#: The largest batch written by one statement without an explicit transaction (`batch_sql`);
+#: larger ones (catch-up) take the transaction where COPY overlaps the fold.
+SMALL_BATCH = 64
+_SMALL = SmallBatch()
 #: Events folded between two chances for the appender to move its COPY forward.
 _SLICE = 32
 #: The fewest new verdicts worth a COPY before the end of the batch.
@@ -266,6 +280,33 @@ async def _init_connection(conn: asyncpg.Connection[asyncpg.Record]) -> None:
     await conn.execute(_CREATE_BATCH_CALLS)
 
 
+async def _keep_session(_conn: asyncpg.Connection[asyncpg.Record]) -> None:
+    """The pool's reset between two uses of a connection: nothing to undo.
+
+    asyncpg's default sends `pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; RESET ALL` on
+    every release, one more round trip on every batch and every verdict read. This pool never
+    leaves session state behind: no session advisory locks (the partition locks have their
+    own connection), no LISTEN (the listener has its own), no cursors, no SET (only
+    `set_config(..., true)`, which ends with its transaction). asyncpg still rolls back a
+    transaction left open before calling this.
+    """
+
+
+async def _load(
+    conn: Conn, items: Sequence[Positioned | DeadLetter]
+) -> tuple[dict[str, CallRecord], dict[str, RunRecord], set[uuid.UUID]]:
+    """The stored calls, runs and decided event_ids that folding `items` reads, in one query."""
+    keys, run_ids, event_ids = batch_reads(items)
+    calls, runs, decided = loaded(
+        await conn.fetch(LOAD, list(keys), list(run_ids), list(event_ids))
+    )
+    return (
+        {c["key"]: CallRecord.model_validate(c) for c in calls},
+        {r["run_id"]: RunRecord.model_validate(r) for r in runs},
+        {uuid.UUID(bytes=event_id.bytes) for event_id in decided},
+    )
+
+
 def _state(row: asyncpg.Record) -> PartitionState:
     return PartitionState(
         partition=row["partition"],
@@ -307,8 +348,18 @@ class PostgresLedger(LedgerStore):
                 self._dsn,
                 min_size=1,
                 max_size=self._pool_size,
-                server_settings={"search_path": quote_ident(self._schema)},
+                server_settings={
+                    "search_path": quote_ident(self._schema),
+                    "application_name": f"toolledger-store-{os.getpid()}",
+                    # A projector frozen inside a batch (SIGSTOP, a VM stall) holds its
+                    # partition's offset row lock; PostgreSQL ends such a session after 10 s so
+                    # the successor can go on, and a waiter gives up on a lock after 5 s
+                    # (treated as losing the partition) instead of stalling every partition.
+                    "idle_in_transaction_session_timeout": "10000",
+                    "lock_timeout": "5000",
+                },
                 init=_init_connection,
+                reset=_keep_session,
             )
         async with self._pool.acquire() as conn:
             await migrate(conn, self._schema)
@@ -351,46 +402,68 @@ class PostgresLedger(LedgerStore):
         items: Sequence[Positioned | DeadLetter],
     ) -> list[Verdict]:
         check_batch(partition, start_offset, next_offset, items)
-        keys, run_ids, event_ids = batch_reads(items)
-        async with self._db.acquire() as conn, conn.transaction():
+        async with self._db.acquire() as conn:
+            if len(items) <= SMALL_BATCH:
+                return await self._apply_small(conn, (partition, start_offset, next_offset), items)
+            async with conn.transaction():
+                return await self._apply_large(conn, (partition, start_offset, next_offset), items)
+
+    async def _apply_small(
+        self, conn: Conn, position: tuple[int, int, int], items: Sequence[Positioned | DeadLetter]
+    ) -> list[Verdict]:
+        """Load, fold, then one statement that writes only if its compare-and-set hits."""
+        partition, start_offset, _ = position
+        batch = BatchFold(*await _load(conn, items), self._keys)
+        for item in items:
+            batch.apply(item)
+        outcome = batch.outcome()
+        rows = (
+            list(map(_history_values, outcome.history)),
+            list(map(_verdict_values, outcome.verdicts, outcome.history)),
+            list(map(_call_values, outcome.calls)),
+            list(map(_run_values, outcome.runs)),
+            list(map(_dead_values, outcome.dead_letters)),
+        )
+        announce = [v.event_id for v in outcome.verdicts]
+        args = _SMALL.arguments(position, self.notify_channel, rows, announce)
+        try:
+            moved = await conn.fetchval(_SMALL.statement, *args)
+        except asyncpg.LockNotAvailableError:
+            raise OffsetConflict(partition, start_offset, None) from None
+        if moved != 1:
+            raise OffsetConflict(partition, start_offset, await conn.fetchval(_OFFSET, partition))
+        return outcome.verdicts
+
+    async def _apply_large(
+        self, conn: Conn, position: tuple[int, int, int], items: Sequence[Positioned | DeadLetter]
+    ) -> list[Verdict]:
+        """CAS first (holding the offset row), then COPY while folding, then the upserts."""
+        partition, start_offset, next_offset = position
+        try:
             moved = await conn.execute(_CAS, partition, start_offset, next_offset)
-            if moved != "UPDATE 1":
-                raise OffsetConflict(
-                    partition, start_offset, await conn.fetchval(_OFFSET, partition)
-                )
-            calls = {
-                row["key"]: CallRecord.model_validate(dict(row))
-                for row in (await conn.fetch(_LOAD_CALLS, list(keys)) if keys else ())
-            }
-            runs = {
-                row["run_id"]: RunRecord.model_validate(dict(row))
-                for row in (await conn.fetch(_LOAD_RUNS, list(run_ids)) if run_ids else ())
-            }
-            decided = {
-                uuid.UUID(bytes=row["event_id"].bytes)
-                for row in await conn.fetch(_LOAD_DECIDED, list(event_ids))
-            }
-            batch = BatchFold(calls, runs, decided, self._keys)
-            async with _Appender(conn) as appender:
-                for at in range(0, len(items), _SLICE):
-                    for item in items[at : at + _SLICE]:
-                        batch.apply(item)
-                    await appender.offer(batch.history, batch.verdicts)
-            await appender.flush(batch.history, batch.verdicts)
-            outcome = batch.outcome()
-            if outcome.calls:
-                await conn.copy_records_to_table(
-                    _BATCH_CALLS, records=map(_call_values, outcome.calls), columns=_CALL_TYPES
-                )
-                await conn.execute(_UPSERT_CALLS)
-            if outcome.runs:
-                await conn.executemany(_UPSERT_RUN, map(_run_values, outcome.runs))
-            if outcome.dead_letters:
-                await conn.executemany(_INSERT_DEAD_LETTER, map(_dead_values, outcome.dead_letters))
-            if outcome.verdicts:
-                await conn.execute(
-                    _NOTIFY, self.notify_channel, partition, start_offset, next_offset
-                )
+        except asyncpg.LockNotAvailableError:
+            raise OffsetConflict(partition, start_offset, None) from None
+        if moved != "UPDATE 1":
+            raise OffsetConflict(partition, start_offset, await conn.fetchval(_OFFSET, partition))
+        batch = BatchFold(*await _load(conn, items), self._keys)
+        async with _Appender(conn) as appender:
+            for at in range(0, len(items), _SLICE):
+                for item in items[at : at + _SLICE]:
+                    batch.apply(item)
+                await appender.offer(batch.history, batch.verdicts)
+        await appender.flush(batch.history, batch.verdicts)
+        outcome = batch.outcome()
+        if outcome.calls:
+            await conn.copy_records_to_table(
+                _BATCH_CALLS, records=map(_call_values, outcome.calls), columns=_CALL_TYPES
+            )
+            await conn.execute(_UPSERT_CALLS)
+        if outcome.runs:
+            await conn.executemany(_UPSERT_RUN, map(_run_values, outcome.runs))
+        if outcome.dead_letters:
+            await conn.executemany(_INSERT_DEAD_LETTER, map(_dead_values, outcome.dead_letters))
+        if outcome.verdicts:
+            await conn.execute(_NOTIFY, self.notify_channel, partition, start_offset, next_offset)
         return outcome.verdicts
 
     async def get_call(self, key: str) -> CallRecord | None:
@@ -401,9 +474,32 @@ class PostgresLedger(LedgerStore):
         row = await self._db.fetchrow(_GET_RUN, run_id)
         return None if row is None else RunRecord.model_validate(dict(row))
 
+    async def list_runs(
+        self, statuses: Collection[str], tenant_id: str | None = None, limit: int = 500
+    ) -> list[RunRecord]:
+        rows = await self._db.fetch(_LIST_RUNS, sorted(statuses), tenant_id, limit)
+        return [RunRecord.model_validate(dict(row)) for row in rows]
+
     async def history(self, key: str) -> list[HistoryEntry]:
         rows = await self._db.fetch(_HISTORY, key)
         return [HistoryEntry.model_validate(dict(row)) for row in rows]
+
+    async def list_calls(self, query: CallQuery) -> list[CallRecord]:
+        sql, args = _list_calls_sql(query)
+        rows = await self._db.fetch(sql, *args)
+        return [CallRecord.model_validate(dict(row)) for row in rows]
+
+    async def call_stats(self, now: datetime, older_than: Sequence[float]) -> CallStats:
+        by_status = {r["status"]: int(r["n"]) for r in await self._db.fetch(_COUNT_BY_STATUS)}
+        unsettled: dict[tuple[str, float], int] = {
+            (s, float(b)): 0 for s in sorted(UNSETTLED) for b in older_than
+        }
+        rows = await self._db.fetch(
+            _COUNT_UNSETTLED, now, [float(b) for b in older_than], sorted(UNSETTLED)
+        )
+        for row in rows:
+            unsettled[(row["status"], float(row["bound"]))] = int(row["n"])
+        return CallStats(by_status=by_status, unsettled=unsettled)
 
     async def verdicts(self, event_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, Verdict]:
         rows = await self._db.fetch(_VERDICTS, list(event_ids))

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 from toolledger.events.fold import DeadLetter, HistoryEntry, LedgerFold, Positioned, ledger_digest
 from toolledger.events.lifecycle import SigningKeys
 from toolledger.events.log import LogIdentity, LogIdentityError
-from toolledger.events.records import CallRecord, RunRecord, Verdict
+from toolledger.events.records import UNSETTLED, CallRecord, CallStatus, RunRecord, Verdict
 from toolledger.projections.facts import Fact
 
 
@@ -69,6 +70,71 @@ class LedgerSnapshot:
         return ledger_digest(
             self.calls.values(), self.runs.values(), self.history, self.dead_letters
         )
+
+
+@dataclass(frozen=True)
+class CallQuery:
+    """One page of the operator queue: a tenant's calls, longest-waiting first.
+
+    Calls are ordered by `(updated_at, key)`: the call whose record changed longest ago comes
+    first, and the key breaks ties so the order is total. `after` is the `(updated_at, key)` of
+    the last call of the previous page (keyset pagination: a page never skips or repeats a call
+    that did not change in between). `tenant_id=None` lists every tenant (admin tools only; the
+    operator API always passes the token's tenant). Empty `statuses` means any status.
+    """
+
+    tenant_id: str | None
+    statuses: frozenset[CallStatus] = frozenset()
+    tool: str | None = None
+    run_id: str | None = None
+    after: tuple[datetime, str] | None = None
+    limit: int = 50
+
+    def matches(self, call: CallRecord) -> bool:
+        return (
+            (self.tenant_id is None or call.tenant_id == self.tenant_id)
+            and (not self.statuses or call.status in self.statuses)
+            and (self.tool is None or call.tool == self.tool)
+            and (self.run_id is None or call.run_id == self.run_id)
+            and (self.after is None or (call.updated_at, call.key) > self.after)
+        )
+
+
+def select_calls(calls: Iterable[CallRecord], query: CallQuery) -> list[CallRecord]:
+    """`query` answered by scanning `calls`: the reference the indexed adapters must match."""
+    found = sorted((c for c in calls if query.matches(c)), key=lambda c: (c.updated_at, c.key))
+    return found[: query.limit]
+
+
+@dataclass(frozen=True)
+class CallStats:
+    """How many calls are in each status, and how long the unsettled ones have waited.
+
+    `unsettled[(status, seconds)]` counts the `started` and `indeterminate` calls whose record
+    has not changed for at least `seconds` (cumulative, so "indeterminate for over an hour" is
+    one number to alert on). Every (status, bound) asked for is present, zeros included.
+    """
+
+    by_status: dict[str, int]
+    unsettled: dict[tuple[str, float], int]
+
+
+def count_calls(
+    calls: Iterable[CallRecord], now: datetime, older_than: Sequence[float]
+) -> CallStats:
+    """`CallStats` by scanning `calls` (the reference for the adapters' queries)."""
+    by_status: dict[str, int] = {}
+    unsettled: dict[tuple[str, float], int] = {
+        (s, float(b)): 0 for s in sorted(UNSETTLED) for b in older_than
+    }
+    for call in calls:
+        by_status[call.status] = by_status.get(call.status, 0) + 1
+        if call.status in UNSETTLED:
+            age = (now - call.updated_at).total_seconds()
+            for bound in older_than:
+                if age >= bound:
+                    unsettled[(call.status, float(bound))] += 1
+    return CallStats(by_status=by_status, unsettled=unsettled)
 
 
 class LedgerStore(ABC):
@@ -132,6 +198,29 @@ class LedgerStore(ABC):
     async def digest(self) -> str:
         """`toolledger.events.fold.ledger_digest` of everything in the store."""
         return (await self.snapshot()).digest()
+
+    async def list_calls(self, query: CallQuery) -> list[CallRecord]:
+        """The calls `query` selects, oldest `updated_at` first (ties by key), at most
+        `query.limit`. This default scans a snapshot; adapters answer from an index."""
+        return select_calls((await self.snapshot()).calls.values(), query)
+
+    async def list_runs(
+        self, statuses: Collection[str], tenant_id: str | None = None, limit: int = 500
+    ) -> list[RunRecord]:
+        """Runs in one of `statuses` (e.g. the paused ones), oldest change first. This default
+        scans a snapshot; adapters answer from an index."""
+        runs = [
+            r
+            for r in (await self.snapshot()).runs.values()
+            if r.status in statuses and (tenant_id is None or r.tenant_id == tenant_id)
+        ]
+        runs.sort(key=lambda r: (r.updated_at is None, r.updated_at, r.run_id))
+        return runs[:limit]
+
+    async def call_stats(self, now: datetime, older_than: Sequence[float]) -> CallStats:
+        """Calls per status and unsettled calls per age bound (see `CallStats`), as of `now`.
+        This default scans a snapshot; adapters count in place."""
+        return count_calls((await self.snapshot()).calls.values(), now, older_than)
 
     @abstractmethod
     async def facts_since(self, partition: int, offset: int, limit: int) -> list[Fact]:

@@ -81,7 +81,8 @@ class VerdictWaiter:
         self._pending.setdefault(event_id, []).append(fut)
         self._wake.set()
         try:
-            return await asyncio.wait_for(asyncio.shield(fut), timeout)
+            async with asyncio.timeout(timeout):
+                return await asyncio.shield(fut)
         except TimeoutError:
             raise LedgerUnavailable(
                 f"no verdict for event {event_id} within {timeout:g}s: the projector, Kafka or "
@@ -96,8 +97,11 @@ class VerdictWaiter:
 
     async def _loop(self) -> None:
         while True:
+            # asyncio.timeout, not wait_for: no task per wake-up, so a hint reaches the read
+            # below in the loop's next turn.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self._poll_interval)
+                async with asyncio.timeout(self._poll_interval):
+                    await self._wake.wait()
             self._wake.clear()
             if not self._pending:
                 continue

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import replace
 from datetime import datetime, timedelta
 from types import TracebackType
@@ -39,7 +39,7 @@ from toolledger.events.models import (
     call_key,
     utcnow,
 )
-from toolledger.events.records import CallRecord
+from toolledger.events.records import CallRecord, RunRecord
 from toolledger.runtime import replay
 from toolledger.runtime.access import LedgerAccess
 from toolledger.runtime.errors import (
@@ -167,8 +167,12 @@ class Ledger(LedgerAccess):
         tenant_id: str,
         arguments: Mapping[str, Any],
         run_version: int | None = None,
+        warning: str | None = None,
     ) -> ToolOutcome[T]:
         """Run `tool` once for the key `<run_id>:<tool_call_id>`, or return what the ledger knows.
+
+        `run_version` is the driver's checkpoint version (run fencing); `warning` is kept in the
+        key's history with the reservation (a run driver notes an allowed duplicate intent).
 
         Raises `ToolCallIndeterminate` for an unknown call, and the errors of
         `toolledger.runtime.errors` for calls that cannot be made; a call that failed is
@@ -194,10 +198,15 @@ class Ledger(LedgerAccess):
             known = await replay.replay_known(self, tool, prepared, who, record)
             if known is not None:
                 return known
-        return await self._reserve_and_run(tool, prepared, who, run_version)
+        return await self._reserve_and_run(tool, prepared, who, run_version, warning)
 
     async def _reserve_and_run(
-        self, tool: Tool[Any, T], prepared: PreparedCall, who: CallIdentity, run_version: int | None
+        self,
+        tool: Tool[Any, T],
+        prepared: PreparedCall,
+        who: CallIdentity,
+        run_version: int | None,
+        warning: str | None = None,
     ) -> ToolOutcome[T]:
         now = self.clock()
         reserved = CallReserved(
@@ -209,6 +218,7 @@ class Ledger(LedgerAccess):
             arguments_json=prepared.arguments_json,
             requires_approval=tool.effect.approval,
             deadline=now + timedelta(seconds=tool.budget),
+            warning=warning,
         )
         try:
             verdict = await self.stack.commands.append_and_await(reserved, self.verdict_timeout)
@@ -280,6 +290,14 @@ class Ledger(LedgerAccess):
         verdict = await self.await_verdict_of(event_id, record.key)
         self._acked.forget(record.key)
         return verdict.call or record
+
+    def resumable_runs(
+        self, *, tenant_id: str | None = None, poll_interval: float = 0.2, follow: bool = True
+    ) -> AsyncIterator[RunRecord]:
+        """Paused runs whose awaited call is settled (see `toolledger.runtime.runs`)."""
+        from toolledger.runtime.runs import resumable_runs
+
+        return resumable_runs(self, tenant_id=tenant_id, poll_interval=poll_interval, follow=follow)
 
     async def wait_background(self, timeout: float) -> bool:
         """Wait for background appends (abandons, cancelled outcomes) to land; True if all did."""

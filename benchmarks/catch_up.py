@@ -1,0 +1,226 @@
+"""Projection catch-up: `toolledger projector` applying a backlog, vs raw consume of the same log.
+
+The projector runs as it does in production: a `python -m toolledger projector` process with
+its settings in `TOOLLEDGER_*` variables, publishing facts, into a fresh schema. Its rate is
+read from PostgreSQL (the committed `projection_offsets`), from the first commit seen to the last,
+so process start-up and imports are not counted. The floor is a `KafkaLog` reader consuming the
+same partitions of the same topic as fast as it can, decoding nothing.
+
+Three variants: the shipped command; one process without facts publishing (what the projection
+itself costs); and two processes with half the partitions each, facts off. The last one needs
+`benchmarks._projector_proc`: with the shipped ownership (every process tries every partition's
+lock) the first process takes every partition and a second one is a hot standby. Each run stops
+when the backlog is applied or `budget` seconds after its first commit, whichever comes first,
+so a slow variant cannot make `make bench` take forever; the rate says over how many events it
+was measured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import asyncpg
+
+from benchmarks._backlog import Backlog
+from benchmarks._support import Row, Scratch, median, say
+from toolledger.events.kafka import KafkaLog
+
+POLL = 0.01
+STARTUP_TIMEOUT = 60.0
+_OFFSETS = "SELECT partition, next_offset FROM projection_offsets"
+
+
+async def raw_consume(scratch: Scratch, backlog: Backlog, max_records: int = 10_000) -> float:
+    """Events/s of a bare `KafkaLog` reader over the backlog (the epoch markers skipped)."""
+    log = KafkaLog(scratch.services.kafka_bootstrap, backlog.topic, client_id="toolledger-bench")
+    await log.start()
+    reader = log.reader()
+    try:
+        position = {p: 1 for p, end in backlog.targets.items() if end > 1}
+        await reader.assign(position)
+        count = 0
+        started = time.perf_counter()
+        while position:
+            for partition, records in (await reader.fetch(0.2, max_records)).items():
+                count += len(records)
+                position[partition] = records[-1].offset + 1
+                if position[partition] >= backlog.targets[partition]:
+                    del position[partition]
+                    await reader.assign(position)
+        elapsed = time.perf_counter() - started
+    finally:
+        await reader.close()
+        await log.close()
+    return count / elapsed
+
+
+@dataclass(frozen=True)
+class Variant:
+    """How the backlog is projected: which command, how many processes."""
+
+    name: str
+    processes: int = 1
+    facts: bool = True
+    shipped: bool = False
+
+    def commands(self, partitions: int) -> list[list[str]]:
+        if self.shipped:
+            return [["-m", "toolledger", "projector", "--status-every", "3600"]]
+        extra = [] if self.facts else ["--no-facts"]
+        return [
+            ["-m", "benchmarks._projector_proc", "--partitions", ",".join(map(str, share)), *extra]
+            for share in (range(n, partitions, self.processes) for n in range(self.processes))
+        ]
+
+
+SHIPPED = Variant("`toolledger projector` (facts on)", shipped=True)
+NO_FACTS = Variant("1 process, facts off", facts=False)
+TWO_NO_FACTS = Variant("2 processes, half the partitions each, facts off", 2, facts=False)
+
+
+async def projector_catch_up(
+    scratch: Scratch, backlog: Backlog, variant: Variant, *, batch_size: int, budget: float
+) -> tuple[float, int]:
+    """Events/s of `variant` applying the backlog into a fresh schema, and how many it applied
+    (all of them, or as many as `budget` seconds after its first commit allowed)."""
+    schema = scratch.schema("catchup")
+    topics = scratch.topics("backlog")
+    settings = {"partitions": backlog.partitions, "batch_size": batch_size}
+    env = {**os.environ, **scratch.env(schema, topics, **settings)}
+    procs: list[asyncio.subprocess.Process] = []
+    with tempfile.TemporaryDirectory(prefix="toolledger-bench-") as home:
+        log_path = Path(home) / "projector.log"
+        try:
+            with log_path.open("wb") as out:
+                for argv in variant.commands(backlog.partitions):
+                    procs.append(
+                        await asyncio.create_subprocess_exec(
+                            sys.executable,
+                            *argv,
+                            env=env,
+                            stdin=asyncio.subprocess.DEVNULL,
+                            stdout=out,
+                            stderr=asyncio.subprocess.STDOUT,
+                            start_new_session=True,
+                        )
+                    )
+            return await _watch(scratch, schema, backlog, procs, log_path, budget)
+        finally:
+            for proc in procs:
+                await _stop(proc)
+            await scratch.drop_schema(schema)
+            await scratch.delete_topics(f"{topics}toolledger.ledger")
+
+
+async def _watch(
+    scratch: Scratch,
+    schema: str,
+    backlog: Backlog,
+    procs: list[asyncio.subprocess.Process],
+    log_path: Path,
+    budget: float,
+) -> tuple[float, int]:
+    """Poll the committed offsets until every partition reached its end (or the budget is
+    spent); the rate from the first commit seen to the last, and the events it covers."""
+    conn = await asyncpg.connect(
+        scratch.services.database_url, server_settings={"search_path": f'"{schema}"'}
+    )
+    give_up = time.perf_counter() + STARTUP_TIMEOUT
+    first: tuple[float, int] | None = None
+    try:
+        while True:
+            for proc in procs:
+                if proc.returncode is not None:
+                    output = await asyncio.to_thread(log_path.read_text)
+                    raise RuntimeError(
+                        f"a projector exited with {proc.returncode}:\n{output[-2000:]}"
+                    )
+            if first is None and time.perf_counter() > give_up:
+                raise TimeoutError(f"no projector committed within {STARTUP_TIMEOUT:.0f}s")
+            try:
+                rows = await conn.fetch(_OFFSETS)
+            except (asyncpg.UndefinedTableError, asyncpg.InvalidSchemaNameError):
+                rows = []
+            now = time.perf_counter()
+            offsets = {int(r["partition"]): int(r["next_offset"]) for r in rows}
+            applied = sum(offset - 1 for offset in offsets.values())
+            if first is None and applied > 0:
+                first = (now, applied)
+            done = offsets and all(offsets.get(p, 1) >= t for p, t in backlog.targets.items())
+            if first is not None and (done or now - first[0] >= budget):
+                if now == first[0]:
+                    raise RuntimeError("the backlog was applied between two polls: make it larger")
+                return (applied - first[1]) / (now - first[0]), applied
+            await asyncio.sleep(POLL)
+    finally:
+        await conn.close()
+
+
+async def _stop(proc: asyncio.subprocess.Process) -> None:
+    """SIGTERM (the projector stops cleanly), then SIGKILL; only this process, by pid."""
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), 10)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGKILL)
+            await asyncio.wait_for(proc.wait(), 5)
+
+
+async def measure(
+    scratch: Scratch,
+    backlog: Backlog,
+    *,
+    repeat: int,
+    batch_size: int = 2000,
+    budget: float = 20.0,
+    variants: Sequence[Variant] = (SHIPPED, NO_FACTS, TWO_NO_FACTS),
+) -> list[Row]:
+    consumed: list[float] = []
+    rates: dict[Variant, list[float]] = {v: [] for v in variants}
+    covered: dict[Variant, list[int]] = {v: [] for v in variants}
+    for n in range(repeat):
+        consumed.append(await raw_consume(scratch, backlog))
+        say(f"  catch-up {n + 1}/{repeat}: raw consume {consumed[-1]:,.0f}/s")
+        for variant in variants:
+            rate, applied = await projector_catch_up(
+                scratch, backlog, variant, batch_size=batch_size, budget=budget
+            )
+            rates[variant].append(rate)
+            covered[variant].append(applied)
+            say(f"    {variant.name}: {rate:,.0f}/s over {applied:,} events")
+    floor = median(consumed)
+    rows = []
+    for variant in variants:
+        applied = min(covered[variant])
+        part = "the whole backlog" if applied >= backlog.events else f"{applied:,} events"
+        note = (
+            f"{backlog.events:,}-event backlog, {backlog.partitions} partitions, batch "
+            f"{batch_size}; rate over {part} (budget {budget:g}s from the first commit); "
+            f"median of {repeat}"
+        )
+        goal = ">= 20,000 ev/s and >= 0.25x"
+        rows.append(
+            Row(
+                "catch-up",
+                variant.name,
+                median(rates[variant]),
+                "ev/s",
+                floor,
+                "raw consume",
+                goal,
+                note,
+            )
+        )
+    return rows

@@ -1,0 +1,1 @@
+"""Runnable examples: `toolledger demo` (billing reconciliation) and `toolledger demo penny`."""

@@ -1,0 +1,161 @@
+"""The billing reconciliation demo: four credits, four ways the truth is found.
+
+1. A credit applied before the timeout: the call is `indeterminate`; asking again makes the
+   ledger ask the tool's reconcile hook, which finds the credit by its idempotency key.
+2. A credit that never landed: the hook cannot tell, so an operator settles it `failed` over the
+   HTTP API (real HTTP to the API app, served in this process).
+3. A credit an operator wants undone: `POST .../compensate` runs the tool's compensation as its
+   own ledgered call (`<key>:compensate`).
+4. A credit refused before anything was sent (the account is locked): `failed`, not attempted,
+   nothing to reconcile.
+
+Runs on the embedded ledger by default, or on Kafka + PostgreSQL (`toolledger demo --stack`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import socket
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+
+import httpx
+import uvicorn
+from rich.console import Console
+from rich.table import Table
+
+from examples.billing_reconciliation.billing import system
+from examples.billing_reconciliation.tools import billing, issue_credit
+from toolledger import Ledger, Settings, ToolCallIndeterminate
+from toolledger.api.app import create_app
+from toolledger.api.tokens import MemoryTokens
+
+RUN = "demo-run"
+TENANT = "acme"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.asynccontextmanager
+async def operator_api(ledger: Ledger, settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
+    """The operator API on a free loopback port, and an HTTP client holding an operator token."""
+    tokens = MemoryTokens()
+    await tokens.start()
+    issued = await tokens.create(TENANT, "alice", "operator", timedelta(hours=1))
+    app = create_app(ledger.stack, settings, tokens=tokens, tools={t.name: t for t in billing})
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    task = asyncio.create_task(server.serve())
+    try:
+        while not server.started:
+            if task.done():
+                task.result()
+            await asyncio.sleep(0.01)
+        headers = {"Authorization": f"Bearer {issued.token}"}
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", headers=headers) as c:
+            yield c
+    finally:
+        server.should_exit = True
+        await task
+        await tokens.close()
+
+
+async def _credit(ledger: Ledger, call_id: str, account: str = "acct-42") -> Any:
+    return await ledger.call(
+        issue_credit,
+        run_id=RUN,
+        tool_call_id=call_id,
+        tenant_id=TENANT,
+        arguments={"account_id": account, "amount_cents": 2500},
+    )
+
+
+async def _show(console: Console, ledger: Ledger, key: str, title: str) -> str:
+    record = await ledger.read_call(key)
+    history = await ledger.stack.store.history(key)
+    assert record is not None
+    table = Table(title=title, title_justify="left", show_lines=False)
+    for column in ("event", "actor", "verdict", "detail"):
+        table.add_column(column)
+    for h in history:
+        verdict = "[green]accepted[/green]" if h.accepted else f"[red]{h.reason}[/red]"
+        table.add_row(h.event_type, h.actor.split("/")[0], verdict, h.detail)
+    console.print(table)
+    console.print(
+        f"  ledger record [bold]{key}[/bold]: status=[bold]{record.status}[/bold] "
+        f"settled_by={record.settled_by} version={record.version}"
+        + (f" result={record.result_json}" if record.result_json else "")
+        + (" not_attempted=True" if record.not_attempted else "")
+    )
+    console.print()
+    return f"{record.status}/{record.settled_by}"
+
+
+async def run_scenarios(ledger: Ledger, settings: Settings, console: Console) -> dict[str, str]:
+    """The four scenarios; returns each key's final `status/settled_by`."""
+    outcomes: dict[str, str] = {}
+    async with operator_api(ledger, settings) as api:
+        console.rule("1. the credit went through, the answer was lost")
+        system.lose_next_response = True
+        with contextlib.suppress(ToolCallIndeterminate):
+            await _credit(ledger, "credit-1")
+        console.print("  the call timed out after sending: recorded [yellow]indeterminate[/yellow]")
+        found = await _credit(ledger, "credit-1")
+        console.print(f"  asked again: the reconcile hook found {found.result().credit_id}")
+        outcomes["1"] = await _show(console, ledger, f"{RUN}:credit-1", "history of credit-1")
+
+        console.rule("2. the credit never landed; an operator settles it over HTTP")
+        system.drop_next_request = True
+        with contextlib.suppress(ToolCallIndeterminate):
+            await _credit(ledger, "credit-2")
+        with contextlib.suppress(ToolCallIndeterminate):
+            await _credit(ledger, "credit-2")
+        console.print("  the hook cannot find it; an operator checks the billing console:")
+        queue = await api.get("/v1/tool-executions", params={"status": "indeterminate"})
+        console.print(f"  GET /v1/tool-executions?status=indeterminate -> {queue.status_code}")
+        resolved = await api.post(
+            f"/v1/tool-executions/{RUN}:credit-2/resolve",
+            json={"outcome": "failed", "reason": "no such credit in the billing console"},
+        )
+        console.print(f"  POST .../{RUN}:credit-2/resolve -> {resolved.status_code}")
+        outcomes["2"] = await _show(console, ledger, f"{RUN}:credit-2", "history of credit-2")
+
+        console.rule("3. an operator asks for a credit to be undone")
+        done = await _credit(ledger, "credit-3")
+        console.print(f"  credited {done.result().credit_id}; the customer asks to cancel it")
+        undone = await api.post(
+            f"/v1/tool-executions/{RUN}:credit-3/compensate",
+            json={"reason": "customer cancelled the order"},
+        )
+        console.print(f"  POST .../{RUN}:credit-3/compensate -> {undone.status_code}")
+        outcomes["3"] = await _show(console, ledger, f"{RUN}:credit-3", "history of credit-3")
+
+        console.rule("4. refused before anything was sent")
+        system.lock("acct-locked")
+        refused = await _credit(ledger, "credit-4", account="acct-locked")
+        console.print(f"  {refused.error}: failed, not attempted; safe to run again")
+        outcomes["4"] = await _show(console, ledger, f"{RUN}:credit-4", "history of credit-4")
+    console.rule("summary")
+    console.print(
+        f"live credits in billing: {system.live_credits()} "
+        f"(requests sent: {system.requests}); outcomes: {outcomes}"
+    )
+    for n, outcome in outcomes.items():
+        console.print(f"scenario {n}: {outcome}")
+    return outcomes
+
+
+async def main(console: Console | None = None) -> dict[str, str]:
+    """The demo on the embedded ledger: nothing to install or start."""
+    console = console or Console()
+    key_id, secret = "demo", secrets.token_hex(16)
+    settings = Settings(signing_keys={key_id: secret})
+    async with await Ledger.memory({key_id: secret.encode()}) as ledger:
+        return await run_scenarios(ledger, settings, console)

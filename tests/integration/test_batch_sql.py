@@ -1,0 +1,100 @@
+"""The one-statement write of a small batch, against a real PostgreSQL.
+
+The contract suite already holds the small and the large batch to the reference fold; these
+cases guard what only the one-statement shape can get wrong: run arrays sent as literals, and a
+compare-and-set that misses after the rows were already prepared.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+
+import asyncpg
+import pytest
+
+from toolledger.events.fold import LedgerFold, Positioned
+from toolledger.events.log import LogIdentity
+from toolledger.events.models import CallReserved, RunCheckpointed, RunStarted, args_digest
+from toolledger.projections.batch_sql import array_literal
+from toolledger.projections.postgres import SMALL_BATCH, PostgresLedger
+from toolledger.projections.store import OffsetConflict
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+IDENTITY = LogIdentity("toolledger.events", uuid.uuid4(), 1)
+AWKWARD = ('plain', 'a "quoted" id', "back\\slash", "{braces},commas", "NULL", "", " spaced ")
+
+
+@pytest.fixture
+async def ledger(pg_dsn: str, pg_schema: str) -> AsyncIterator[PostgresLedger]:
+    store = PostgresLedger(pg_dsn, pg_schema)
+    await store.start()
+    await store.bind_log(IDENTITY)
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+async def test_array_literals_read_back_as_the_strings_sent(pg_dsn: str) -> None:
+    """A checkpoint's tool_call_ids travel as an array literal; any string must survive it."""
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        for items in ((), AWKWARD, ("é", "\t", "x,y")):
+            assert await conn.fetchval("SELECT $1::text::text[]", array_literal(items)) == list(
+                items
+            )
+    finally:
+        await conn.close()
+
+
+async def test_a_small_batch_round_trips_awkward_checkpoint_ids(ledger: PostgresLedger) -> None:
+    """Quotes, backslashes, braces and commas in tool_call_ids must not change the run row."""
+    started = RunStarted(key="r1", run_id="r1", tenant_id="acme", occurred_at=T0)
+    checkpoint = RunCheckpointed(
+        key="r1",
+        run_id="r1",
+        tenant_id="acme",
+        occurred_at=T0 + timedelta(seconds=1),
+        expected_version=0,
+        tool_call_ids=AWKWARD,
+    )
+    items = [Positioned(0, 1, started), Positioned(0, 2, checkpoint)]
+    assert len(items) <= SMALL_BATCH
+    reference = LedgerFold()
+    expected = [v for v in map(reference.apply, items) if v is not None]
+    assert await ledger.apply_batch(0, 1, 3, items) == expected
+    assert await ledger.get_run("r1") == reference.runs["r1"]
+    assert await ledger.digest() == reference.digest()
+
+
+async def test_a_small_batch_whose_cas_misses_writes_and_announces_nothing(
+    ledger: PostgresLedger, pg_dsn: str
+) -> None:
+    """The write statement's inserts and notifications all hang on the CAS: a zombie's batch,
+    folded against state that is no longer current, must leave no trace at all."""
+    heard: list[str] = []
+    listener = await asyncpg.connect(pg_dsn)
+    await listener.add_listener(ledger.notify_channel, lambda *args: heard.append(str(args[3])))
+    try:
+        r = CallReserved(
+            key="r1:c1",
+            run_id="r1",
+            tool_call_id="c1",
+            tenant_id="acme",
+            occurred_at=T0,
+            tool="billing.issue_credit",
+            args_digest=args_digest({}),
+            deadline=T0 + timedelta(seconds=30),
+        )
+        before = await ledger.digest()
+        with pytest.raises(OffsetConflict) as err:
+            await ledger.apply_batch(0, 5, 6, [Positioned(0, 5, r)])
+        assert (err.value.expected, err.value.actual) == (5, 1)
+        assert await ledger.digest() == before
+        assert await ledger.verdicts([r.event_id]) == {}
+        await listener.execute("SELECT 1")  # a round trip, so a notification would be in
+        assert heard == []
+    finally:
+        await listener.close()

@@ -1,0 +1,45 @@
+"""The demo a new user runs first must show each scenario ending the way the README says."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _demo(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLLEDGER_")}
+    return subprocess.run(
+        [sys.executable, "-m", "toolledger", "demo", *args],
+        cwd=ROOT,
+        env={**env, "COLUMNS": "160"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_the_billing_demo_settles_each_scenario_as_documented() -> None:
+    """1: found by the reconcile hook; 2: failed by an operator over HTTP; 3: compensated on an
+    operator's request; 4: refused before sending, failed and not attempted."""
+    shown = _demo()
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    lines = shown.stdout.splitlines()
+    assert "scenario 1: completed/reconcile" in lines
+    assert "scenario 2: failed/operator" in lines
+    assert "scenario 3: compensated/runtime" in lines
+    assert "scenario 4: failed/runtime" in lines
+    assert "POST .../demo-run:credit-2/resolve -> 200" in shown.stdout
+    assert "POST .../demo-run:credit-3/compensate -> 200" in shown.stdout
+    assert "live credits in billing: 1 " in shown.stdout
+
+
+def test_penny_pays_twice_without_the_ledger_and_once_with_it() -> None:
+    shown = _demo("penny")
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    assert "penny: without ledger 2 payouts, with ledger 1 payout" in shown.stdout
+    assert "after restart: po_3 (the ledger's recorded result)" in shown.stdout

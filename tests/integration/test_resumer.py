@@ -1,0 +1,108 @@
+"""`toolledger resumer` hands a paused run back to its host when its wait is over."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sys
+from pathlib import Path
+
+from tests.fake_billing import FakeBilling, use_service
+from tests.run_tools import ARGS, ScriptedModel, runs_billing
+from toolledger import Ledger, Settings
+from toolledger.events.lifecycle import sign
+from toolledger.events.models import CallApproved
+from toolledger.runtime.agents import AgentConfig
+from toolledger.runtime.runs import AgentRun, ToolCallRequest
+from toolledger.stack import LedgerStack
+
+ROOT = Path(__file__).resolve().parents[2]
+KEY_ID, SECRET = "ops-1", "operator-signing-secret-for-resumer"
+
+
+async def test_an_approved_call_resumes_its_paused_run_through_the_resumer(
+    pg_dsn: str, kafka_bootstrap: str, pg_schema: str, topic_prefix: str, tmp_path: Path
+) -> None:
+    """A run paused awaiting approval must go on by itself once an operator approves: the
+    resumer sees the decision in the facts and calls the host, which resumes the run; the
+    refund is made once and the model hears its result."""
+    settings = Settings(
+        database_url=pg_dsn,
+        kafka_bootstrap=kafka_bootstrap,
+        schema_name=pg_schema,
+        topic_prefix=topic_prefix + ".",
+        partitions=2,
+        signing_keys={KEY_ID: SECRET},
+    )
+    billing = use_service(FakeBilling(tmp_path / "billing.db"))
+    stack = await LedgerStack.connect(settings, run_projector=True)
+    ledger = Ledger.from_stack(stack, verdict_timeout=10)
+    log = tmp_path / "resumed.log"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "TOOLLEDGER_DATABASE_URL": pg_dsn,
+        "TOOLLEDGER_KAFKA_BOOTSTRAP": kafka_bootstrap,
+        "TOOLLEDGER_SCHEMA": pg_schema,
+        "TOOLLEDGER_TOPIC_PREFIX": settings.topic_prefix,
+        "TOOLLEDGER_SIGNING_KEYS": f"{KEY_ID}:{SECRET}",
+        "BILLING_DB": str(tmp_path / "billing.db"),
+        "RESUME_LOG": str(log),
+    }
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "toolledger",
+        "resumer",
+        "--app",
+        "tests.integration.resume_hook:resume",
+        cwd=ROOT,
+        env=env,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        model = ScriptedModel([ToolCallRequest("c1", "runs.refund", ARGS)])
+        paused = await AgentRun(
+            ledger,
+            run_id="r1",
+            tenant_id="acme",
+            agent=AgentConfig(name="billing-assistant"),
+            tools=runs_billing,
+            model=model,
+        ).start("refund me")
+        assert paused.status == "awaiting_approval"
+        record = await ledger.read_call("r1:c1")
+        assert record is not None
+        approval = CallApproved(
+            key=record.key,
+            run_id="r1",
+            tool_call_id="c1",
+            tenant_id="acme",
+            operator="alice",
+            reason="refund is due",
+            expected_version=record.version,
+        )
+        verdict = await stack.commands.append_and_await(sign(approval, KEY_ID, SECRET.encode()), 10)
+        assert verdict.accepted
+        async with asyncio.timeout(45):
+            while not (log.exists() and log.read_text().strip()):
+                if proc.returncode is not None:
+                    _, err = await proc.communicate()
+                    raise AssertionError(err.decode()[-3000:])
+                await asyncio.sleep(0.05)
+        assert log.read_text().split() == ["r1", "completed", "completed"]
+        assert billing.effects() == 1
+        run = await stack.store.get_run("r1")
+        assert run is not None and run.status == "completed"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            proc.terminate()
+        try:
+            await asyncio.wait_for(proc.wait(), 10)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+        await ledger.close()
+        await stack.close()

@@ -1,0 +1,517 @@
+"""The operator service: what a person may do to the ledger, shared by the HTTP API and the CLI.
+
+Operators settle what nobody can know automatically (ARCHITECTURE.md, "The decider"): they
+resolve unknown calls, approve or reject calls that need approval, and ask for compensation.
+Every decision follows the ledger's one command path: build the operator event from the record
+the operator saw (`expected_version` = what they saw, or the current version), sign it with the
+first configured key (`toolledger.events.lifecycle.sign`; the projector verifies with all of
+them), append it and await the durable verdict. The decider's compare-and-set is the only
+arbiter, so of two operators acting at once exactly one wins and the other is told what the
+record is now. A rejected decision is still in the key's history, as evidence of who tried.
+
+Visibility is by tenant: an `Operator` with a tenant sees only that tenant's calls, and another
+tenant's key is "not found", never "forbidden" (which would confirm it exists). The API always
+takes the tenant from the token; only admin tools with database access act across tenants.
+
+Compensation (guarantee 7) is the one decision with a second step: after `compensation_requested`
+is accepted, a `Compensator` runs the tool's compensation as its own ledgered call
+`<key>:compensate`, and the service settles the original call from that call's outcome
+(`call_compensated`, or `compensation_failed`, which puts it back to `completed`). An unknown
+compensation leaves the original `compensating`; resolving `<key>:compensate` settles it, and
+asking again for a `compensating` call finishes whatever an interrupted request left undone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import json
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal, Protocol, TypeVar
+
+from toolledger.api import metrics
+from toolledger.events.fold import HistoryEntry
+from toolledger.events.lifecycle import CLOCK_SKEW_GRACE, sign
+from toolledger.events.models import (
+    CallApproved,
+    CallCompensated,
+    CallEvent,
+    CallRejected,
+    CallResolved,
+    CompensationFailed,
+    CompensationRequested,
+    OperatorEvent,
+    canonical_json,
+    utcnow,
+)
+from toolledger.events.records import CallRecord, CallStatus, Verdict
+from toolledger.projections.commands import LedgerCommands
+from toolledger.projections.store import CallQuery, LedgerStore
+from toolledger.projections.verdicts import LedgerUnavailable
+from toolledger.settings import ConfigError
+
+COMPENSATE_SUFFIX = ":compensate"
+MAX_PAGE = 500
+
+_Op = TypeVar("_Op", bound=OperatorEvent)
+
+
+def compensation_key(key: str) -> str:
+    """The key of the call that compensates `key` (guarantee 7: `<key>:compensate`)."""
+    return key + COMPENSATE_SUFFIX
+
+
+def resolvable_after(record: CallRecord) -> datetime | None:
+    """When a `started` call may be settled by an operator (its deadline plus clock-skew grace)."""
+    return record.deadline + CLOCK_SKEW_GRACE if record.status == "started" else None
+
+
+class OperatorError(Exception):
+    """A request the service cannot carry out; `code` is for programs, the message for people."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class NotFound(OperatorError):
+    """No such call for this operator's tenant."""
+
+
+class InvalidRequest(OperatorError):
+    """The request itself is wrong (an empty reason, a cursor this service did not issue)."""
+
+
+class Conflict(OperatorError):
+    """The ledger refused the decision; `record` is the call as it is now."""
+
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        record: CallRecord | None = None,
+        resolvable_after: datetime | None = None,
+    ) -> None:
+        super().__init__(code, message)
+        self.record = record
+        self.resolvable_after = resolvable_after
+
+
+class Unavailable(OperatorError):
+    """Kafka, the projector or PostgreSQL did not answer in time; the command may still apply."""
+
+
+class Misconfigured(OperatorError):
+    """This process's setup contradicts the ledger's (its signing key is not one it accepts)."""
+
+
+@dataclass(frozen=True)
+class Operator:
+    """Who acts: the tenant they may see (None: every tenant, for admin tools) and their id."""
+
+    tenant_id: str | None
+    operator: str
+
+
+@dataclass(frozen=True)
+class Page:
+    """One page of calls and the cursor of the next (None on the last page)."""
+
+    items: list[CallRecord]
+    next_cursor: str | None
+
+
+@dataclass(frozen=True)
+class Compensation:
+    """The compensated call as it is now, and the compensation call's record (if it exists)."""
+
+    record: CallRecord
+    compensation: CallRecord | None
+
+
+class Compensator(Protocol):
+    """Runs a tool's compensation as its own ledgered call `<key>:compensate`.
+
+    `toolledger.api.compensation.RuntimeCompensator` implements it with the runtime's executor.
+    """
+
+    def unavailable(self, record: CallRecord) -> str | None:
+        """Why the compensation of `record`'s tool cannot run here (None when it can)."""
+
+    async def run(self, record: CallRecord) -> CallRecord:
+        """Reserve and run the compensation of `record` once; return the ledger's record of
+        `<key>:compensate` afterwards (or as another holder left it, if it was not ours to run)."""
+
+
+def encode_cursor(call: CallRecord) -> str:
+    """An opaque cursor that continues a listing after `call`."""
+    raw = json.dumps([call.updated_at.isoformat(), call.key], separators=(",", ":"))
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, str]:
+    """The `(updated_at, key)` a cursor continues after; `InvalidRequest` if it is not ours."""
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        at, key = json.loads(raw)
+        when = datetime.fromisoformat(at)
+        if not isinstance(key, str) or "\x00" in key or when.tzinfo is None:
+            raise ValueError("not a cursor")
+    except (ValueError, TypeError, binascii.Error, UnicodeDecodeError):
+        raise InvalidRequest(
+            "invalid_cursor",
+            f"cursor {cursor[:40]!r} was not issued by this API; pass the next_cursor of the "
+            "previous page unchanged, or omit it to start from the beginning",
+        ) from None
+    return when, key
+
+
+def clean_reason(reason: str) -> str:
+    """The reason without surrounding whitespace; `InvalidRequest` if nothing is left."""
+    cleaned = reason.strip()
+    if not cleaned:
+        raise InvalidRequest(
+            "reason_required",
+            "a decision needs a reason: say what you checked (e.g. 'credit cr_81 found in the "
+            "billing console')",
+        )
+    if not storable(cleaned):
+        raise InvalidRequest(
+            "invalid_reason", "the reason must be UTF-8 text without NUL characters"
+        )
+    return cleaned
+
+
+def storable(text: str) -> bool:
+    """Whether the ledger can store `text`: UTF-8 encodable and free of NUL (PostgreSQL text
+    holds neither a lone surrogate nor NUL, and an event the projector cannot write would
+    stall its partition)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return "\x00" not in text
+
+
+def value_json(value: Any) -> str | None:
+    """A resolution's value as stored JSON; `InvalidRequest` if JSON cannot hold it."""
+    if value is None:
+        return None
+    try:
+        json.dumps(value, allow_nan=False)
+    except (ValueError, TypeError) as exc:
+        raise InvalidRequest("invalid_value", f"value is not plain JSON ({exc})") from None
+    text = canonical_json(value)  # JSON escapes NUL, so only a lone surrogate can fail here
+    if not storable(text):
+        raise InvalidRequest("invalid_value", "value must be UTF-8 text")
+    return text
+
+
+_REFUSED_AS_NOT_FOUND = frozenset({"unknown_call", "tenant_mismatch"})
+_REFUSED_AS_MISCONFIGURED = frozenset({"unsigned", "bad_signature"})
+
+
+class OperatorService:
+    """Lists, shows and decides calls for one ledger; used by the API routes and the CLI."""
+
+    def __init__(
+        self,
+        store: LedgerStore,
+        commands: LedgerCommands,
+        *,
+        signing_keys: Mapping[str, bytes],
+        verdict_timeout: float = 10.0,
+        compensator: Compensator | None = None,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> None:
+        if not signing_keys:
+            raise ConfigError(
+                "TOOLLEDGER_SIGNING_KEYS must name at least one key (key_id:secret): operator "
+                "decisions are signed with the first, and the projector rejects unsigned ones"
+            )
+        self.store = store
+        self.commands = commands
+        self.key_id, self._secret = next(iter(signing_keys.items()))
+        self.verdict_timeout = verdict_timeout
+        self.compensator = compensator
+        self.clock = clock
+        self._waiting: dict[uuid.UUID, float] = {}
+        self._last_timeout: float | None = None
+        self._last_verdict: float | None = None
+        self._running: set[asyncio.Task[Any]] = set()
+
+    # -- reading -----------------------------------------------------------------------------
+
+    async def list_calls(
+        self,
+        who: Operator,
+        *,
+        statuses: frozenset[CallStatus] = frozenset(),
+        tool: str | None = None,
+        run_id: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> Page:
+        """A page of the tenant's calls, longest-waiting first (oldest change first)."""
+        if not 1 <= limit <= MAX_PAGE:
+            raise InvalidRequest("invalid_limit", f"limit must be 1 to {MAX_PAGE}, not {limit}")
+        if not all(storable(text) for text in (tool or "", run_id or "")):
+            raise InvalidRequest("invalid_filter", "tool and run_id must be text without NUL")
+        query = CallQuery(
+            tenant_id=who.tenant_id,
+            statuses=statuses,
+            tool=tool,
+            run_id=run_id,
+            after=decode_cursor(cursor) if cursor else None,
+            limit=limit + 1,
+        )
+        found = await self.store.list_calls(query)
+        items = found[:limit]
+        more = len(found) > limit
+        return Page(items=items, next_cursor=encode_cursor(items[-1]) if more else None)
+
+    async def get(self, who: Operator, key: str) -> CallRecord:
+        """The call `key` if this operator may see it; `NotFound` otherwise."""
+        # A NUL cannot be in a stored key (PostgreSQL text refuses it), so do not ask.
+        record = await self.store.get_call(key) if storable(key) else None
+        if record is None or who.tenant_id not in (None, record.tenant_id):
+            raise NotFound(
+                "not_found",
+                f"no tool execution {key!r} in this tenant; list them with "
+                "GET /v1/tool-executions (or `toolledger executions list`)",
+            )
+        return record
+
+    async def show(self, who: Operator, key: str) -> tuple[CallRecord, list[HistoryEntry]]:
+        """The call and every event of its key, accepted or rejected, in log order."""
+        record = await self.get(who, key)
+        return record, await self.store.history(key)
+
+    # -- deciding ----------------------------------------------------------------------------
+
+    async def resolve(
+        self,
+        who: Operator,
+        key: str,
+        *,
+        outcome: Literal["completed", "failed"],
+        reason: str,
+        value: Any = None,
+        result_reference: str | None = None,
+        expected_version: int | None = None,
+    ) -> CallRecord:
+        """Settle an unknown (or overdue started) call as `completed` or `failed`.
+
+        Resolving a compensation call (`<key>:compensate`) also settles the call it compensates.
+        """
+        reason = clean_reason(reason)
+        if outcome == "failed" and (value is not None or result_reference is not None):
+            raise InvalidRequest(
+                "value_without_completion",
+                "value and result_reference describe the effect of a completed call; a call "
+                "resolved failed had no effect",
+            )
+        if result_reference is not None and not storable(result_reference):
+            raise InvalidRequest(
+                "invalid_reference", "result_reference must be UTF-8 text without NUL characters"
+            )
+        stored_value = value_json(value)
+        record = await self.get(who, key)
+        event = self._signed(
+            CallResolved(
+                **self._envelope(record),
+                operator=who.operator,
+                reason=reason,
+                expected_version=self._expected(record, expected_version),
+                outcome=outcome,
+                value_json=stored_value,
+                result_reference=result_reference,
+            )
+        )
+        settled = await self._decide(event)
+        if key.endswith(COMPENSATE_SUFFIX):
+            original = await self.store.get_call(key.removesuffix(COMPENSATE_SUFFIX))
+            if original is not None and original.status == "compensating":
+                await self._settle_compensated(original, settled)
+        return settled
+
+    async def approve(
+        self, who: Operator, key: str, *, reason: str, expected_version: int | None = None
+    ) -> CallRecord:
+        """Let a call that awaits approval run (its driver then reserves it again)."""
+        reason = clean_reason(reason)
+        record = await self.get(who, key)
+        event = CallApproved(
+            **self._envelope(record),
+            operator=who.operator,
+            reason=reason,
+            expected_version=self._expected(record, expected_version),
+        )
+        return await self._decide(self._signed(event))
+
+    async def reject(
+        self, who: Operator, key: str, *, reason: str, expected_version: int | None = None
+    ) -> CallRecord:
+        """Refuse a call that awaits approval: it becomes failed, not attempted."""
+        reason = clean_reason(reason)
+        record = await self.get(who, key)
+        event = CallRejected(
+            **self._envelope(record),
+            operator=who.operator,
+            reason=reason,
+            expected_version=self._expected(record, expected_version),
+        )
+        return await self._decide(self._signed(event))
+
+    async def compensate(self, who: Operator, key: str, *, reason: str) -> Compensation:
+        """Undo a completed call by running its tool's compensation once, as `<key>:compensate`.
+
+        A `compensating` call (an earlier request was interrupted, or its compensation was
+        unknown and has been resolved since) is finished from what the ledger holds; nothing
+        that already ran is run again.
+        """
+        reason = clean_reason(reason)
+        record = await self.get(who, key)
+        if record.status in ("completed", "compensating"):
+            self._require_compensator(record)
+        if record.status == "compensating":
+            return await self._finish(record, fresh=False)
+        event = CompensationRequested(
+            **self._envelope(record),
+            operator=who.operator,
+            reason=reason,
+            expected_version=record.version,
+        )
+        requested = await self._decide(self._signed(event))
+        return await self._finish(requested, fresh=True)
+
+    # -- health ------------------------------------------------------------------------------
+
+    def verdict_lag(self) -> float:
+        """Seconds the oldest command of this process has been waiting for its verdict."""
+        if not self._waiting:
+            return 0.0
+        return time.monotonic() - min(self._waiting.values())
+
+    def verdicts_stalled(self) -> bool:
+        """Whether the last command that ended got no verdict in time (and none came since)."""
+        if self._last_timeout is None:
+            return False
+        return self._last_verdict is None or self._last_verdict < self._last_timeout
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _require_compensator(self, record: CallRecord) -> Compensator:
+        compensator = self.compensator
+        problem = (
+            "this process has no tool registry, so it cannot run compensations; start the API "
+            "with `toolledger api --tools <module declaring your toolsets>`"
+            if compensator is None
+            else compensator.unavailable(record)
+        )
+        if problem is not None or compensator is None:
+            raise Conflict("compensation_unavailable", f"{record.key}: {problem}", record)
+        return compensator
+
+    async def _finish(self, original: CallRecord, *, fresh: bool) -> Compensation:
+        """Run the compensation unless the ledger already holds it, then settle `original`.
+
+        Shielded: an operator whose HTTP request is cut off must not cancel a compensation
+        that may already have been sent; it runs to its outcome and is recorded.
+        """
+        task = asyncio.ensure_future(self._compensation(original, fresh=fresh))
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+        return await asyncio.shield(task)
+
+    async def _compensation(self, original: CallRecord, *, fresh: bool) -> Compensation:
+        compensator = self._require_compensator(original)
+        done = await self.store.get_call(compensation_key(original.key))
+        if done is None or (fresh and done.status == "failed"):
+            done = await compensator.run(original)
+        return await self._settle_compensated(original, done)
+
+    async def _settle_compensated(self, original: CallRecord, done: CallRecord) -> Compensation:
+        """Record on `original` what its compensation call `done` came to, if it is settled."""
+        envelope = self._envelope(original)
+        event: CallEvent
+        match done.status:
+            case "completed":
+                event = CallCompensated(
+                    **envelope, compensation_key=done.key, result_json=done.result_json or "null"
+                )
+            case "failed":
+                event = CompensationFailed(
+                    **envelope, compensation_key=done.key, error=done.error or "it failed"
+                )
+            case _:
+                return Compensation(record=original, compensation=done)
+        verdict = await self._command(event)
+        # Rejected only when a concurrent request settled it first: report the truth.
+        now = verdict.call if verdict.call is not None else original
+        return Compensation(record=now, compensation=done)
+
+    def _envelope(self, record: CallRecord) -> dict[str, Any]:
+        return {
+            "key": record.key,
+            "run_id": record.run_id,
+            "tool_call_id": record.tool_call_id,
+            "tenant_id": record.tenant_id,
+            "occurred_at": self.clock(),
+        }
+
+    @staticmethod
+    def _expected(record: CallRecord, given: int | None) -> int:
+        return record.version if given is None else given
+
+    def _signed(self, event: _Op) -> _Op:
+        return sign(event, self.key_id, self._secret)
+
+    async def _decide(self, event: OperatorEvent) -> CallRecord:
+        """Append a signed decision; the new record, or the error that says why not."""
+        verdict = await self._command(event)
+        if verdict.accepted and verdict.call is not None:
+            return verdict.call
+        raise self._refusal(verdict)
+
+    async def _command(self, event: CallEvent) -> Verdict:
+        started = time.monotonic()
+        self._waiting[event.event_id] = started
+        try:
+            verdict = await self.commands.append_and_await(event, self.verdict_timeout)
+        except LedgerUnavailable as exc:
+            self._last_timeout = time.monotonic()
+            metrics.COMMANDS.labels(event.type, "unavailable").inc()
+            raise Unavailable(
+                "ledger_unavailable",
+                f"{event.type} for {event.key} got no verdict within {self.verdict_timeout:g}s "
+                f"({exc}). It may still be applied: read the call again before retrying.",
+            ) from exc
+        finally:
+            self._waiting.pop(event.event_id, None)
+        self._last_verdict = time.monotonic()
+        metrics.VERDICT_SECONDS.labels(event.type).observe(self._last_verdict - started)
+        metrics.COMMANDS.labels(event.type, verdict.reason).inc()
+        return verdict
+
+    def _refusal(self, verdict: Verdict) -> OperatorError:
+        if verdict.reason in _REFUSED_AS_NOT_FOUND:
+            return NotFound("not_found", verdict.detail)
+        if verdict.reason in _REFUSED_AS_MISCONFIGURED:
+            return Misconfigured(
+                "signing_key_rejected",
+                f"the ledger rejected this API's signature ({verdict.detail}); the API signs "
+                f"with key id {self.key_id!r}: give the projector and the API the same "
+                "TOOLLEDGER_SIGNING_KEYS",
+            )
+        record = verdict.call
+        after = None
+        if verdict.reason == "before_deadline" and record is not None:
+            after = record.deadline + CLOCK_SKEW_GRACE
+        return Conflict(verdict.reason, verdict.detail, record, after)

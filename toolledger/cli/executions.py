@@ -1,0 +1,344 @@
+"""`toolledger executions list | show | resolve | approve | reject | compensate`.
+
+The operator queue from a shell, on the same `OperatorService` as the HTTP API, so a decision
+made here is signed, compare-and-set and recorded exactly like one made over HTTP. The CLI acts
+as an admin with database access:
+
+- `--operator` (env `TOOLLEDGER_OPERATOR`, default `cli:<your login>`) is the id recorded on
+  every decision;
+- `--tenant` (env `TOOLLEDGER_TENANT`) limits what is seen and decided to one tenant; without it
+  `list` shows every tenant and the other commands act on the call's own tenant.
+
+Exit status: 0 done, 1 refused or not found (the message says what the call is now), 2 bad
+configuration, 3 the ledger did not answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import getpass
+import json
+import sys
+from collections.abc import Callable, Coroutine
+from datetime import datetime
+from typing import Any, TypeVar, get_args
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from toolledger.api.app import close_stack
+from toolledger.api.compensation import RuntimeCompensator, load_tools
+from toolledger.api.service import (
+    Conflict,
+    InvalidRequest,
+    NotFound,
+    Operator,
+    OperatorError,
+    OperatorService,
+    resolvable_after,
+)
+from toolledger.events.log import LogError
+from toolledger.events.models import utcnow
+from toolledger.events.records import CallRecord, CallStatus
+from toolledger.settings import ConfigError, Settings, load_settings
+from toolledger.stack import LedgerStack
+
+_console = Console()
+_T = TypeVar("_T")
+_STATUSES: tuple[str, ...] = get_args(CallStatus)
+
+
+def _default_operator() -> str:
+    try:
+        return f"cli:{getpass.getuser()}"
+    except (KeyError, OSError):
+        return "cli"
+
+
+_tenant = click.option(
+    "--tenant",
+    envvar="TOOLLEDGER_TENANT",
+    default=None,
+    help="Only this tenant [env TOOLLEDGER_TENANT; default: list every tenant, act on the "
+    "call's own tenant].",
+)
+_operator = click.option(
+    "--operator",
+    envvar="TOOLLEDGER_OPERATOR",
+    default=_default_operator,
+    show_default="cli:<your login>",
+    help="Operator id recorded on the decision [env TOOLLEDGER_OPERATOR].",
+)
+_reason = click.option("--reason", required=True, help="What you checked (required, non-empty).")
+_expected = click.option(
+    "--expected-version",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Refuse unless the call is still at this version (default: its current version).",
+)
+
+
+def _run(
+    tools: tuple[str, ...],
+    body: Callable[[OperatorService], Coroutine[Any, Any, _T]],
+) -> _T:
+    """Connect, run `body` on a service, close; turn failures into messages and exit codes."""
+
+    async def main(settings: Settings) -> _T:
+        registry = load_tools(tools) if tools else {}
+        stack = await LedgerStack.connect(settings, create_topics=False)
+        try:
+            compensator = None
+            if registry:
+                compensator = RuntimeCompensator(
+                    stack.commands, registry, verdict_timeout=settings.verdict_timeout_s
+                )
+            service = OperatorService(
+                stack.store,
+                stack.commands,
+                signing_keys=settings.signing_secrets(),
+                verdict_timeout=settings.verdict_timeout_s,
+                compensator=compensator,
+            )
+            return await body(service)
+        finally:
+            await close_stack(stack)
+
+    try:
+        return asyncio.run(main(load_settings()))
+    except (ConfigError, ValueError) as exc:
+        click.echo(f"toolledger executions: {exc}", err=True)
+        sys.exit(2)
+    except Conflict as exc:
+        click.echo(f"refused ({exc.code}): {exc.message}", err=True)
+        if exc.record is not None:
+            click.echo(f"now: {_summary(exc.record)}", err=True)
+        if exc.resolvable_after is not None:
+            click.echo(f"resolvable after {exc.resolvable_after.isoformat()}", err=True)
+        sys.exit(1)
+    except NotFound as exc:
+        click.echo(f"not found: {exc.message}", err=True)
+        sys.exit(1)
+    except InvalidRequest as exc:
+        click.echo(f"toolledger executions: {exc.message}", err=True)
+        sys.exit(2)
+    except OperatorError as exc:
+        click.echo(f"toolledger executions: {exc.message}", err=True)
+        sys.exit(3)
+    except LogError as exc:
+        click.echo(f"toolledger executions: {exc}", err=True)
+        sys.exit(3)
+
+
+def _summary(record: CallRecord) -> str:
+    text = f"{record.key} is {record.status} (version {record.version})"
+    if record.settled_by is not None:
+        text += f", settled by {record.settled_by}"
+    if record.operator is not None:
+        text += f" ({record.operator}: {record.reason})"
+    after = resolvable_after(record)
+    if after is not None:
+        text += f"; resolvable after {after.isoformat(timespec='seconds')}"
+    return text
+
+
+def _age(since: datetime) -> str:
+    seconds = int((utcnow() - since).total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{max(seconds, 0)}s"
+
+
+@click.group()
+def executions() -> None:
+    """Inspect and settle tool executions: the operator queue (configured by TOOLLEDGER_*)."""
+
+
+@executions.command("list")
+@click.option(
+    "--status",
+    "statuses",
+    multiple=True,
+    help=f"Only these statuses (repeat or comma-separate): {', '.join(_STATUSES)}.",
+)
+@click.option("--tool", default=None, help="Only this tool.")
+@click.option("--run-id", default=None, help="Only this run.")
+@_tenant
+@click.option("--limit", type=click.IntRange(1, 500), default=50, show_default=True)
+@click.option("--cursor", default=None, help="Continue after a previous page.")
+def list_command(
+    statuses: tuple[str, ...],
+    tool: str | None,
+    run_id: str | None,
+    tenant: str | None,
+    limit: int,
+    cursor: str | None,
+) -> None:
+    """List calls, longest-waiting first."""
+    wanted = {s.strip() for group in statuses for s in group.split(",") if s.strip()}
+    unknown = sorted(wanted - set(_STATUSES))
+    if unknown:
+        raise click.BadParameter(f"unknown status {', '.join(unknown)}", param_hint="--status")
+    chosen = frozenset(s for s in get_args(CallStatus) if s in wanted)
+    page = _run(
+        (),
+        lambda service: service.list_calls(
+            Operator(tenant, "cli"),
+            statuses=chosen,
+            tool=tool,
+            run_id=run_id,
+            limit=limit,
+            cursor=cursor,
+        ),
+    )
+    table = Table(title=f"{len(page.items)} tool executions, longest-waiting first")
+    for column in ("key", "tenant", "tool", "status", "ver", "waiting", "error / reason"):
+        table.add_column(column)
+    for r in page.items:
+        table.add_row(
+            r.key,
+            r.tenant_id,
+            r.tool,
+            r.status,
+            str(r.version),
+            _age(r.updated_at),
+            r.reason or r.error or "",
+        )
+    _console.print(table)
+    if page.next_cursor is not None:
+        _console.print(f"more: --cursor {page.next_cursor}")
+
+
+@executions.command("show")
+@click.argument("key")
+@_tenant
+def show_command(key: str, tenant: str | None) -> None:
+    """Show KEY's record and every event of it, accepted or rejected."""
+    record, history = _run((), lambda service: service.show(Operator(tenant, "cli"), key))
+    _console.print(f"[bold]{_summary(record)}[/bold]")
+    _console.print(f"tool {record.tool} ({record.effect}), tenant {record.tenant_id}")
+    _console.print(f"arguments {record.arguments_json}")
+    if record.result_json is not None:
+        _console.print(f"result {record.result_json} (reference {record.result_reference})")
+    if record.error is not None:
+        _console.print(f"error {record.error}")
+    table = Table(title=f"history of {key}")
+    for column in ("offset", "occurred at", "event", "actor", "verdict", "ver", "detail"):
+        table.add_column(column)
+    for h in history:
+        verdict = "[green]accepted[/green]" if h.accepted else f"[red]{h.reason}[/red]"
+        table.add_row(
+            f"{h.partition}/{h.offset}",
+            h.occurred_at.isoformat(timespec="milliseconds"),
+            h.event_type,
+            h.actor,
+            verdict,
+            "" if h.version is None else str(h.version),
+            h.detail,
+        )
+    _console.print(table)
+
+
+@executions.command("resolve")
+@click.argument("key")
+@click.option("--outcome", type=click.Choice(["completed", "failed"]), required=True)
+@_reason
+@click.option("--value", default=None, help="The result, as JSON (completed only).")
+@click.option("--result-reference", default=None, help="The effect's id in the other system.")
+@_expected
+@_tenant
+@_operator
+def resolve_command(
+    key: str,
+    outcome: str,
+    reason: str,
+    value: str | None,
+    result_reference: str | None,
+    expected_version: int | None,
+    tenant: str | None,
+    operator: str,
+) -> None:
+    """Settle an unknown call KEY as completed or failed, with the reason."""
+    try:
+        parsed = None if value is None else json.loads(value)
+    except ValueError as exc:
+        raise click.BadParameter(f"not JSON ({exc})", param_hint="--value") from None
+    record = _run(
+        (),
+        lambda service: service.resolve(
+            Operator(tenant, operator),
+            key,
+            outcome="completed" if outcome == "completed" else "failed",
+            reason=reason,
+            value=parsed,
+            result_reference=result_reference,
+            expected_version=expected_version,
+        ),
+    )
+    _console.print(f"[green]resolved[/green]: {_summary(record)}")
+
+
+@executions.command("approve")
+@click.argument("key")
+@_reason
+@_expected
+@_tenant
+@_operator
+def approve_command(
+    key: str, reason: str, expected_version: int | None, tenant: str | None, operator: str
+) -> None:
+    """Let KEY, which awaits approval, run (its run reserves it again)."""
+    record = _run(
+        (),
+        lambda service: service.approve(
+            Operator(tenant, operator), key, reason=reason, expected_version=expected_version
+        ),
+    )
+    _console.print(f"[green]approved[/green]: {_summary(record)}")
+
+
+@executions.command("reject")
+@click.argument("key")
+@_reason
+@_expected
+@_tenant
+@_operator
+def reject_command(
+    key: str, reason: str, expected_version: int | None, tenant: str | None, operator: str
+) -> None:
+    """Refuse KEY, which awaits approval: it becomes failed, not attempted."""
+    record = _run(
+        (),
+        lambda service: service.reject(
+            Operator(tenant, operator), key, reason=reason, expected_version=expected_version
+        ),
+    )
+    _console.print(f"[green]rejected[/green]: {_summary(record)}")
+
+
+@executions.command("compensate")
+@click.argument("key")
+@_reason
+@click.option(
+    "--tools",
+    "tools",
+    multiple=True,
+    required=True,
+    envvar="TOOLLEDGER_TOOLS",
+    help="Module declaring the call's toolset (repeatable) [env TOOLLEDGER_TOOLS].",
+)
+@_tenant
+@_operator
+def compensate_command(
+    key: str, reason: str, tools: tuple[str, ...], tenant: str | None, operator: str
+) -> None:
+    """Undo the completed call KEY by running its tool's compensation once (KEY:compensate)."""
+    done = _run(
+        tools, lambda service: service.compensate(Operator(tenant, operator), key, reason=reason)
+    )
+    colour = "green" if done.record.status == "compensated" else "yellow"
+    _console.print(f"[{colour}]{done.record.status}[/{colour}]: {_summary(done.record)}")
+    if done.compensation is not None:
+        _console.print(f"compensation: {_summary(done.compensation)}")

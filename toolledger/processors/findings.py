@@ -1,0 +1,116 @@
+"""What a reconcile hook's answer becomes: asking the hook, and the request that records it.
+
+Pure apart from calling the hook. A finding always names the reservation and the record version
+the reconciler saw (`expected_version`), which is what lets the decider reject it when the call
+moved on meanwhile: an operator resolved it, its runtime reserved it again, or another
+reconciler got there first.
+
+- `completed`: `CallCompleted(source="reconcile")` with the hook's value stored through the
+  tool's own result serializer (so a replay restores the declared type) and its
+  `result_reference`.
+- `failed`: `CallFailed(source="reconcile")`, but on a `started` call only after its deadline
+  plus `CLOCK_SKEW_GRACE` (the decider's rule); before that it is only an attempt, because the
+  runtime may still be finishing the call.
+- `unknown`, a hook that raised, overran the tool's timeout or returned something else:
+  `ReconcileAttempted`, numbered, which the decider counts and the schedule backs off on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import datetime, timedelta
+from typing import Any, TypedDict, assert_never
+
+from toolledger.events.lifecycle import CLOCK_SKEW_GRACE
+from toolledger.events.models import CallCompleted, CallFailed, ReconcileAttempted
+from toolledger.events.records import CallRecord
+from toolledger.runtime.context import ToolContext
+from toolledger.runtime.tools import ReconcileOutcome, Tool
+
+log = logging.getLogger("toolledger.reconciler")
+
+Finding = CallCompleted | CallFailed | ReconcileAttempted
+
+
+class _Envelope(TypedDict):
+    key: str
+    run_id: str
+    tool_call_id: str
+    tenant_id: str
+    occurred_at: datetime
+
+
+def finding_for(
+    record: CallRecord, tool: Tool[Any, Any], found: ReconcileOutcome, now: datetime
+) -> Finding:
+    """The request that records what the hook found about `record`, at `now`."""
+    envelope: _Envelope = {
+        "key": record.key,
+        "run_id": record.run_id,
+        "tool_call_id": record.tool_call_id,
+        "tenant_id": record.tenant_id,
+        "occurred_at": now,
+    }
+    detail = found.detail
+    match found.status:
+        case "completed":
+            return CallCompleted(
+                **envelope,
+                reservation_id=record.reservation_id,
+                result_json=tool.dump_result(found.value),
+                result_reference=found.result_reference,
+                source="reconcile",
+                expected_version=record.version,
+            )
+        case "failed":
+            open_until = record.deadline + CLOCK_SKEW_GRACE
+            if record.status == "indeterminate" or now > open_until:
+                return CallFailed(
+                    **envelope,
+                    reservation_id=record.reservation_id,
+                    error=detail or "the reconcile hook found no effect",
+                    source="reconcile",
+                    expected_version=record.version,
+                )
+            detail = (
+                f"the hook found no effect, but the call may still be running until "
+                f"{open_until.isoformat()}; asked again later. {detail}"
+            ).strip()
+        case "unknown":
+            pass
+        case _:
+            assert_never(found.status)
+    return ReconcileAttempted(
+        **envelope,
+        reservation_id=record.reservation_id,
+        expected_version=record.version,
+        attempt=record.reconcile_attempts + 1,
+        detail=detail,
+    )
+
+
+async def ask_hook(tool: Tool[Any, Any], record: CallRecord, now: datetime) -> ReconcileOutcome:
+    """The hook's answer; a hook that raises, overruns the tool's timeout or returns something
+    else than a `ReconcileOutcome` knows nothing."""
+    assert tool.reconcile is not None
+    context = ToolContext(
+        run_id=record.run_id,
+        tool_call_id=record.tool_call_id,
+        tenant_id=record.tenant_id,
+        attempt=record.reconcile_attempts + 1,
+        deadline=now + timedelta(seconds=tool.timeout),
+        tool=tool.name,
+        idempotency_key=record.key,
+    )
+    try:
+        async with asyncio.timeout(tool.timeout):
+            found = await tool.reconcile(record, context)
+    except Exception as exc:
+        log.warning("reconcile hook of %s failed for %s: %r", tool.name, record.key, exc)
+        return ReconcileOutcome(status="unknown", detail=f"the hook failed: {exc!r}")
+    if not isinstance(found, ReconcileOutcome):
+        return ReconcileOutcome(
+            status="unknown", detail=f"the hook returned {type(found).__name__}, not an outcome"
+        )
+    return found

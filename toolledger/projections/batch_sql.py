@@ -1,0 +1,248 @@
+"""The columns of the projected tables, and the statements `PostgresLedger.apply_batch` sends.
+
+`apply_batch` has two shapes (`toolledger.projections.postgres` picks one by batch size):
+
+- **A large batch** (catch-up) is one transaction: the offset compare-and-set, then COPY while
+  Python folds, then the upserts. Round trips do not matter there; overlapping does.
+- **A small batch** (a live projector's usual fetch: a few requests) is what every command
+  waits for, so it takes two round trips and no explicit transaction. `LOAD` reads the calls,
+  runs and decided event_ids the batch names, in one statement (one snapshot). Python folds.
+  `SmallBatch.statement` then writes everything in one statement: a data-modifying CTE moves
+  the offset by compare-and-set, and every INSERT and every `pg_notify` is conditioned on that
+  CTE having returned its row. If the CAS misses, the statement writes and announces nothing;
+  if it hits, rows, history, verdicts, dead letters, the offset and the notifications commit
+  together, as that statement's own transaction.
+
+Loading before the compare-and-set is exact, not optimistic: a partition's rows only change in a
+statement whose CAS moves that partition's offset forward, offsets never move back, and the
+caller learned `start_offset` from a committed state. So if the CAS finds `start_offset` at the
+write, nothing of this partition committed between the load and the write, and the batch was
+folded against exactly the state it is applied to. A racing writer that holds the offset row
+makes the CAS wait, then re-check the committed row and miss (or give up after `lock_timeout`).
+
+Array columns (`runs.checkpoint_calls`, `runs.abandoned`) cannot travel in a two-dimensional
+unnest, so they are sent as PostgreSQL array literals and cast back to `text[]` in the statement.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import asyncpg
+
+from toolledger.events.fold import HistoryEntry
+from toolledger.events.records import CallRecord, RunRecord
+from toolledger.projections.migrations import quote_ident
+
+CALL_TYPES: dict[str, str] = {
+    "key": "text",
+    "run_id": "text",
+    "tool_call_id": "text",
+    "tenant_id": "text",
+    "tool": "text",
+    "effect": "text",
+    "status": "text",
+    "version": "integer",
+    "reservation_id": "uuid",
+    "args_digest": "text",
+    "arguments_json": "text",
+    "requires_approval": "boolean",
+    "deadline": "timestamptz",
+    "not_attempted": "boolean",
+    "result_json": "text",
+    "result_reference": "text",
+    "error": "text",
+    "settled_by": "text",
+    "operator": "text",
+    "reason": "text",
+    "reconcile_attempts": "integer",
+    "created_at": "timestamptz",
+    "updated_at": "timestamptz",
+}
+HISTORY_TYPES: dict[str, str] = {
+    "key": "text",
+    "event_id": "uuid",
+    "event_type": "text",
+    "partition": "integer",
+    "offset": "bigint",
+    "accepted": "boolean",
+    "reason": "text",
+    "detail": "text",
+    "occurred_at": "timestamptz",
+    "actor": "text",
+    "version": "integer",
+    "event_json": "text",
+}
+RUN_TYPES: dict[str, str] = {
+    "run_id": "text",
+    "tenant_id": "text",
+    "version": "integer",
+    "status": "text",
+    "agent": "text",
+    "checkpoint_calls": "text[]",
+    "state_json": "text",
+    "waiting_on": "text",
+    "abandoned": "text[]",
+    "quarantined": "boolean",
+    "quarantine_reason": "text",
+    "updated_at": "timestamptz",
+}
+VERDICT_TYPES: dict[str, str] = {
+    "event_id": "uuid",
+    "partition": "integer",
+    "offset": "bigint",
+    "accepted": "boolean",
+    "reason": "text",
+    "verdict_json": "text",
+}
+DEAD_LETTER_TYPES: dict[str, str] = {
+    "partition": "integer",
+    "offset": "bigint",
+    "run_id": "text",
+    "reason": "text",
+    "payload": "bytea",
+}
+
+for _model, _fields in (
+    (CallRecord, CALL_TYPES),
+    (HistoryEntry, HISTORY_TYPES),
+    (RunRecord, RUN_TYPES),
+):
+    if tuple(_model.model_fields) != tuple(_fields):
+        raise ImportError(f"{_model.__name__} changed: add a migration and update batch_sql.py")
+
+
+def _names(columns: Iterable[str], alias: str = "") -> str:
+    return ", ".join(alias + quote_ident(c) for c in columns)
+
+
+def _nulls(types: Mapping[str, str]) -> str:
+    return ", ".join(f"NULL::{t}" for t in types.values())
+
+
+# Built from this module's constant names and types only, never from input (hence S608).
+#: Loads what folding a batch reads: $1 call keys, $2 run_ids, $3 event_ids. Each row is
+#: `kind` (1 call, 2 run, 3 decided), then the call's columns, the run's, the event_id. It joins
+#: unnested arrays instead of `= ANY($1)`: under a cached generic plan the planner may pick a
+#: sequential scan that compares every row with every array element.
+LOAD = (
+    f"SELECT 1 AS kind, {_names(CALL_TYPES, 'c.')}, {_nulls(RUN_TYPES)}, NULL::uuid "  # noqa: S608
+    "FROM unnest($1::text[]) AS wanted(key) JOIN tool_executions AS c USING (key) "
+    f"UNION ALL SELECT 2, {_nulls(CALL_TYPES)}, {_names(RUN_TYPES, 'r.')}, NULL::uuid "
+    "FROM unnest($2::text[]) AS wanted(run_id) JOIN runs AS r USING (run_id) "
+    f"UNION ALL SELECT 3, {_nulls(CALL_TYPES)}, {_nulls(RUN_TYPES)}, v.event_id "
+    "FROM unnest($3::uuid[]) AS wanted(event_id) JOIN verdicts AS v USING (event_id)"
+)
+_CALLS_AT = slice(1, 1 + len(CALL_TYPES))
+_RUNS_AT = slice(_CALLS_AT.stop, _CALLS_AT.stop + len(RUN_TYPES))
+
+
+def loaded(
+    rows: Iterable[asyncpg.Record],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[Any]]:
+    """The rows of `LOAD` as call and run column dicts and decided event_ids."""
+    calls: list[dict[str, Any]] = []
+    runs: list[dict[str, Any]] = []
+    decided: list[Any] = []
+    for row in rows:
+        kind = row[0]
+        if kind == 1:
+            calls.append(dict(zip(CALL_TYPES, row[_CALLS_AT], strict=True)))
+        elif kind == 2:
+            runs.append(dict(zip(RUN_TYPES, row[_RUNS_AT], strict=True)))
+        else:
+            decided.append(row[-1])
+    return calls, runs, decided
+
+
+def array_literal(items: Sequence[str]) -> str:
+    """`items` as a PostgreSQL array literal: every element quoted, `"` and `\\` escaped."""
+    quoted = (s.replace("\\", "\\\\").replace('"', '\\"') for s in items)
+    return "{" + ",".join(f'"{s}"' for s in quoted) + "}"
+
+
+class SmallBatch:
+    """The one statement that writes a small batch, and its arguments.
+
+    Parameters: $1 partition, $2 start offset, $3 next offset, $4 notify channel, then one
+    array per column of history, verdicts, calls, runs and dead letters (in that order), then
+    the event_ids to announce, in log order. It returns `moved`: 1 if the CAS hit, else 0.
+    """
+
+    TABLES: tuple[tuple[str, Mapping[str, str], str | None], ...] = (
+        ("tool_execution_history", HISTORY_TYPES, None),
+        ("verdicts", VERDICT_TYPES, None),
+        ("tool_executions", CALL_TYPES, "key"),
+        ("runs", RUN_TYPES, "run_id"),
+        ("dead_letters", DEAD_LETTER_TYPES, None),
+    )
+    _RUN_ARRAYS = tuple(i for i, t in enumerate(RUN_TYPES.values()) if t.endswith("[]"))
+
+    def __init__(self) -> None:
+        parts = [
+            "WITH moved AS (UPDATE projection_offsets SET next_offset = $3 "
+            "WHERE partition = $1 AND next_offset = $2 RETURNING partition)"
+        ]
+        param = 5
+        for n, (table, types, conflict) in enumerate(self.TABLES):
+            parts.append(f"write{n} AS ({_insert(table, types, param, conflict)})")
+            param += len(types)
+        parts.append(
+            f"announced AS (SELECT pg_notify($4, id::text) FROM unnest(${param}::uuid[]) "  # noqa: S608
+            "AS ids(id) WHERE EXISTS (SELECT FROM moved))"
+        )
+        self.statement = (
+            ", ".join(parts)  # noqa: S608
+            + " SELECT (SELECT count(*) FROM moved) AS moved, "
+            + "(SELECT count(*) FROM announced) AS announced"
+        )
+
+    def arguments(
+        self,
+        position: tuple[int, int, int],
+        channel: str,
+        rows: tuple[Sequence[Sequence[Any]], ...],
+        announce: Sequence[Any],
+    ) -> list[Any]:
+        """Arguments for `statement`: `position` is (partition, start, next offset), `rows` the
+        history, verdict, call, run and dead-letter rows in `TABLES` order."""
+        history, verdicts, calls, runs, dead = rows
+        args: list[Any] = [*position, channel]
+        for table_rows, (_, types, _) in zip(
+            (history, verdicts, calls, [self._run(r) for r in runs], dead),
+            self.TABLES,
+            strict=True,
+        ):
+            if table_rows:
+                args += [list(column) for column in zip(*table_rows, strict=True)]
+            else:
+                args += [[] for _ in types]
+        args.append(list(announce))
+        return args
+
+    def _run(self, row: Sequence[Any]) -> list[Any]:
+        values = list(row)
+        for i in self._RUN_ARRAYS:
+            values[i] = array_literal(values[i])
+        return values
+
+
+def _insert(table: str, types: Mapping[str, str], first: int, conflict: str | None) -> str:
+    """INSERT ... SELECT FROM unnest($first, ...) that writes only if the CAS hit."""
+    arrays = ", ".join(
+        f"${first + i}::{'text' if t.endswith('[]') else t}[]" for i, t in enumerate(types.values())
+    )
+    values = ", ".join(
+        f"{quote_ident(c)}::{t}" if t.endswith("[]") else quote_ident(c) for c, t in types.items()
+    )
+    sql = (
+        f"INSERT INTO {table} ({_names(types)}) SELECT {values} "  # noqa: S608
+        f"FROM unnest({arrays}) AS r({_names(types)}) WHERE EXISTS (SELECT FROM moved)"
+    )
+    if conflict is not None:
+        updates = ", ".join(
+            f"{quote_ident(c)} = EXCLUDED.{quote_ident(c)}" for c in types if c != conflict
+        )
+        sql += f" ON CONFLICT ({quote_ident(conflict)}) DO UPDATE SET {updates}"
+    return sql

@@ -1,0 +1,406 @@
+"""`AgentRun`: drive an agent run step by step, with checkpoints, fencing and honest pauses.
+
+A step is: ask the model; checkpoint the transcript *and the tool calls it is about to make*
+(`RunCheckpointed`, compare-and-set on the run's version); make those calls through
+`Ledger.call` carrying the new version; append their results to the transcript. The checkpoint
+comes before any tool runs, so:
+
+- a process that crashes mid-step is recovered from its checkpoint by `AgentRun.resume()` on
+  any process: the calls of the checkpoint are made again and come back from the ledger (a
+  completed call's recorded result; an unknown one is asked of its reconcile hook);
+- of two processes driving one run, only the one holding the latest checkpoint can reserve
+  calls (the decider rejects the other's reservations and checkpoints): it stands down with
+  `RunSuperseded`, and every step has one effect.
+
+Policies (`AgentConfig.tool_policy`) decide what the model hears. With `on_indeterminate:
+pause` the model never hears "failed" while the honest answer is "unknown": the run pauses in
+`awaiting_reconciliation` and, once the call is settled (reconciler or operator), resumes with
+the truth. The duplicate-intent guard holds a new call that repeats the tool and arguments of an
+unsettled call of the same run, so a model retrying with a new call id cannot charge twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from toolledger.events.models import (
+    Event,
+    RunCheckpointed,
+    RunFinished,
+    RunPaused,
+    RunResumed,
+    RunStarted,
+    call_key,
+)
+from toolledger.events.records import UNSETTLED, CallRecord, RunRecord
+from toolledger.projections.store import CallQuery
+from toolledger.runtime.agents import AgentConfig
+from toolledger.runtime.errors import (
+    KeyConflictError,
+    RunSuperseded,
+    ToolArgumentsError,
+    ToolCallAwaitingApproval,
+    ToolCallIndeterminate,
+    ToolCallInProgress,
+)
+from toolledger.runtime.ledger import Ledger
+from toolledger.runtime.tools import Tool, Toolset
+
+Message = dict[str, Any]
+Transcript = list[Message]
+
+
+@dataclass(frozen=True)
+class ToolCallRequest:
+    """A tool call the model asks for: its id (the tool_call_id), tool name and arguments."""
+
+    id: str
+    tool: str
+    arguments: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class FinalAnswer:
+    text: str
+
+
+ModelTurn = list[ToolCallRequest] | FinalAnswer
+#: The model: given the transcript so far, the next tool calls or the final answer.
+Model = Callable[[Transcript], Awaitable[ModelTurn]]
+
+RunState = Literal[
+    "completed", "failed", "awaiting_reconciliation", "awaiting_approval", "duplicate_intent"
+]
+
+
+@dataclass
+class RunResult:
+    """Where a run stands after `start()` or `resume()` returned."""
+
+    run_id: str
+    status: RunState
+    transcript: Transcript
+    answer: str | None = None
+    waiting_on: str | None = None
+    detail: str = ""
+
+
+@dataclass
+class _Pause:
+    reason: Literal["awaiting_reconciliation", "awaiting_approval", "duplicate_intent"]
+    key: str
+    detail: str
+
+
+@dataclass
+class _Fail:
+    detail: str
+
+
+class AgentRun:
+    """Drives one run of one agent. Create one per process that drives the run."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        *,
+        run_id: str,
+        tenant_id: str,
+        agent: AgentConfig,
+        tools: Iterable[Tool[Any, Any]] | Toolset,
+        model: Model,
+    ) -> None:
+        self.ledger = ledger
+        self.run_id = run_id
+        self.tenant_id = tenant_id
+        self.agent = agent
+        self.policy = agent.tool_policy
+        self.tools = {tool.name: tool for tool in tools}
+        self.model = model
+        self.version = 0
+        self.transcript: Transcript = []
+        self._held_on: str | None = None
+
+    # -- entry points ----------------------------------------------------------------------
+
+    async def start(self, prompt: str) -> RunResult:
+        """Begin the run with the user's prompt and drive it until it ends or pauses."""
+        await self._append(RunStarted(**self._envelope(), agent=self.agent.name))
+        self.version = 0
+        self.transcript = [{"role": "user", "content": prompt}]
+        await self._checkpoint([])  # the prompt survives a crash before the first answer
+        return await self._drive()
+
+    async def resume(self) -> RunResult:
+        """Carry on from the run's latest checkpoint (after a crash, or when a pause is over).
+
+        Taking over is itself a checkpoint (the same calls, the same transcript, one version
+        later), so a driver that was still alive elsewhere is fenced off before anything runs.
+        """
+        run = await self._run_record()
+        if run.version is None or run.version == 0:
+            raise RunSuperseded(
+                key=self.run_id,
+                tool="-",
+                detail=f"run {self.run_id} has no checkpoint to resume (it stopped before its "
+                "prompt was saved): start a new run",
+            )
+        if run.status in ("completed", "failed", "cancelled"):
+            return RunResult(self.run_id, _final(run.status), json.loads(run.state_json))
+        self.version = run.version
+        self.transcript = json.loads(run.state_json)
+        self._held_on = run.waiting_on if run.status == "duplicate_intent" else None
+        if run.status != "running":
+            await self._append(RunResumed(**self._envelope(), expected_version=self.version))
+        if run.version > 0:
+            await self._checkpoint(list(run.checkpoint_calls))
+        return await self._drive()
+
+    # -- the loop --------------------------------------------------------------------------
+
+    async def _drive(self) -> RunResult:
+        while True:
+            for request in self._pending():
+                stop = await self._make(request)
+                if isinstance(stop, _Pause):
+                    await self._append(
+                        RunPaused(
+                            **self._envelope(),
+                            expected_version=self.version,
+                            reason=stop.reason,
+                            waiting_on=stop.key,
+                        )
+                    )
+                    return RunResult(
+                        self.run_id, stop.reason, self.transcript, None, stop.key, stop.detail
+                    )
+                if isinstance(stop, _Fail):
+                    return await self._finish("failed", stop.detail)
+            turn = await self.model(list(self.transcript))
+            if isinstance(turn, FinalAnswer):
+                self.transcript.append({"role": "assistant", "content": turn.text})
+                return await self._finish("completed", turn.text)
+            self.transcript.append(
+                {
+                    "role": "assistant",
+                    "tool_calls": [
+                        {"id": c.id, "tool": c.tool, "arguments": dict(c.arguments)} for c in turn
+                    ],
+                }
+            )
+            await self._checkpoint([c.id for c in turn])
+
+    def _pending(self) -> list[ToolCallRequest]:
+        """The last assistant turn's tool calls that have no result in the transcript yet."""
+        answered = {m["tool_call_id"] for m in self.transcript if m.get("role") == "tool"}
+        for message in reversed(self.transcript):
+            if message.get("role") == "assistant" and "tool_calls" in message:
+                return [
+                    ToolCallRequest(c["id"], c["tool"], c["arguments"])
+                    for c in message["tool_calls"]
+                    if c["id"] not in answered
+                ]
+            if message.get("role") == "assistant":
+                return []
+        return []
+
+    async def _make(self, request: ToolCallRequest) -> _Pause | _Fail | None:
+        """Make one call and put what the model should hear into the transcript."""
+        key = call_key(self.run_id, request.id)
+        tool = self.tools.get(request.tool)
+        if tool is None:
+            return self._error(request, f"there is no tool named {request.tool!r}")
+        record = await self.ledger.read_call(key)
+        told = _settled_elsewhere(record)
+        if told is not None:
+            self._answer(request, *told)
+            return None
+        warning = None
+        if record is None:
+            twin = await self._unsettled_twin(tool, request)
+            if twin is not None and twin.status in UNSETTLED:
+                if self.policy.duplicate_intent == "hold":
+                    return _Pause(
+                        "duplicate_intent",
+                        twin.key,
+                        f"{key} repeats {twin.key} ({twin.status}); held until it is settled",
+                    )
+                warning = f"duplicate intent of {twin.key} ({twin.status}), allowed by policy"
+            elif twin is not None and twin.key == self._held_on and twin.status == "completed":
+                self._answer(request, "completed", twin.result_json or "null", twin.key)
+                return None
+        try:
+            outcome = await self.ledger.call(
+                tool,
+                run_id=self.run_id,
+                tool_call_id=request.id,
+                tenant_id=self.tenant_id,
+                arguments=request.arguments,
+                run_version=self.version,
+                warning=warning,
+            )
+        except (ToolCallIndeterminate, ToolCallInProgress) as exc:
+            if self.policy.on_indeterminate == "pause":
+                return _Pause("awaiting_reconciliation", key, str(exc))
+            return self._error(request, f"the call failed: {exc}")
+        except ToolCallAwaitingApproval as exc:
+            return _Pause("awaiting_approval", key, str(exc))
+        except (KeyConflictError, ToolArgumentsError) as exc:
+            return self._error(request, str(exc))
+        if outcome.status == "completed":
+            result = outcome.record.result_json if outcome.record is not None else None
+            self._answer(request, "completed", result or tool.dump_result(outcome.value))
+            return None
+        return self._error(request, f"the call failed: {outcome.error}")
+
+    def _error(self, request: ToolCallRequest, detail: str) -> _Fail | None:
+        if self.policy.on_error == "fail_run":
+            return _Fail(f"call {request.id} ({request.tool}): {detail}")
+        self._answer(request, "failed", json.dumps(detail))
+        return None
+
+    def _answer(
+        self, request: ToolCallRequest, status: str, content: str, same_as: str | None = None
+    ) -> None:
+        message: Message = {
+            "role": "tool",
+            "tool_call_id": request.id,
+            "status": status,
+            "content": content,
+        }
+        if same_as is not None:
+            message["same_as"] = same_as
+        self.transcript.append(message)
+
+    async def _unsettled_twin(
+        self, tool: Tool[Any, Any], request: ToolCallRequest
+    ) -> CallRecord | None:
+        """Another call of this run with the same tool and argument digest, if any."""
+        try:
+            digest = tool.prepare(request.arguments).digest
+        except ValueError:
+            return None
+        calls = await self.ledger.stack.store.list_calls(
+            CallQuery(tenant_id=self.tenant_id, run_id=self.run_id, tool=tool.name, limit=500)
+        )
+        twins = [c for c in calls if c.args_digest == digest and c.tool_call_id != request.id]
+        unsettled = [c for c in twins if c.status in UNSETTLED]
+        held = [c for c in twins if c.key == self._held_on]
+        found = unsettled or held
+        return found[0] if found else None
+
+    # -- run events ------------------------------------------------------------------------
+
+    async def _checkpoint(self, tool_call_ids: list[str]) -> None:
+        event = RunCheckpointed(
+            **self._envelope(),
+            expected_version=self.version,
+            tool_call_ids=tuple(tool_call_ids),
+            state_json=json.dumps(self.transcript, separators=(",", ":")),
+        )
+        verdict = await self._append(event)
+        assert verdict.run is not None and verdict.run.version is not None
+        self.version = verdict.run.version
+
+    async def _finish(self, outcome: Literal["completed", "failed"], detail: str) -> RunResult:
+        await self._append(
+            RunFinished(
+                **self._envelope(), expected_version=self.version, outcome=outcome, detail=detail
+            )
+        )
+        answer = detail if outcome == "completed" else None
+        return RunResult(self.run_id, outcome, self.transcript, answer, None, detail)
+
+    async def _append(self, event: Event) -> Any:
+        verdict = await self.ledger.stack.commands.append_and_await(
+            event, self.ledger.verdict_timeout
+        )
+        if not verdict.accepted:
+            raise RunSuperseded(
+                key=self.run_id,
+                tool="-",
+                detail=f"{event.type} was rejected ({verdict.reason}): {verdict.detail}",
+            )
+        return verdict
+
+    async def _run_record(self) -> RunRecord:
+        run = await self.ledger.stack.store.get_run(self.run_id)
+        if run is None:
+            raise RunSuperseded(key=self.run_id, tool="-", detail=f"no run {self.run_id}")
+        return run
+
+    def _envelope(self) -> dict[str, Any]:
+        return {
+            "key": self.run_id,
+            "run_id": self.run_id,
+            "tenant_id": self.tenant_id,
+            "occurred_at": self.ledger.clock(),
+        }
+
+
+def _settled_elsewhere(record: CallRecord | None) -> tuple[str, str] | None:
+    """What the model hears about a call settled by someone else than this driver's call:
+    an operator's or reconciler's failure, a compensation. None: make the call."""
+    if record is None:
+        return None
+    if record.status in ("compensating", "compensated"):
+        return "compensated", json.dumps(
+            f"the call took effect and was then compensated by an operator ({record.reason})"
+        )
+    if record.status == "failed" and record.settled_by in ("operator", "reconcile"):
+        why = record.reason or record.error or "no reason given"
+        return "failed", json.dumps(f"the call did not take effect ({why})")
+    return None
+
+
+def _final(status: str) -> RunState:
+    return "completed" if status == "completed" else "failed"
+
+
+PAUSED = ("awaiting_reconciliation", "awaiting_approval", "duplicate_intent")
+
+
+def wait_is_over(run: RunRecord, call: CallRecord | None) -> bool:
+    """Whether a paused run's awaited call is settled (or decided, for an approval)."""
+    if run.status not in PAUSED or run.waiting_on is None:
+        return False
+    if call is None:
+        return False
+    if run.status == "awaiting_approval":
+        return call.status != "awaiting_approval"
+    return call.status not in UNSETTLED
+
+
+async def resumable_runs(
+    ledger: Ledger,
+    *,
+    tenant_id: str | None = None,
+    poll_interval: float = 0.2,
+    follow: bool = True,
+) -> AsyncIterator[RunRecord]:
+    """Paused runs whose awaited call was settled, as they become resumable.
+
+    For hosts that resume runs themselves (the `toolledger resumer` process does the same from
+    the facts topic). Each run is yielded once per pause; resuming it is the host's job
+    (`AgentRun(...).resume()`), and a run resumed elsewhere in the meantime is fenced by its
+    checkpoint, so yielding a run to two hosts is safe. With `follow=False` the iterator ends
+    after one pass.
+    """
+    yielded: set[tuple[str, str | None, object]] = set()
+    while True:
+        runs = await ledger.stack.store.list_runs(PAUSED, tenant_id=tenant_id)
+        for run in runs:
+            mark = (run.run_id, run.waiting_on, run.updated_at)
+            if mark in yielded:
+                continue
+            call = await ledger.read_call(run.waiting_on) if run.waiting_on else None
+            if wait_is_over(run, call):
+                yielded.add(mark)
+                yield run
+        if not follow:
+            return
+        await asyncio.sleep(poll_interval)
