@@ -12,6 +12,7 @@ import os
 
 import click
 
+from toolledger.cli.analytics import analytics
 from toolledger.cli.api import api
 from toolledger.cli.demo import demo
 from toolledger.cli.dev import dev
@@ -44,6 +45,7 @@ main.add_command(dev)
 main.add_command(projector)
 main.add_command(reconciler)
 main.add_command(resumer)
+main.add_command(analytics)
 main.add_command(api)
 main.add_command(tokens)
 main.add_command(executions)

@@ -1,0 +1,117 @@
+"""`toolledger analytics` turns facts into Prometheus metrics (real Kafka + PostgreSQL)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import sys
+import urllib.request
+from datetime import UTC, datetime
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests import builders as b
+from toolledger.settings import Settings
+from toolledger.stack import LedgerStack
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
+        text = response.read().decode()
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
+
+
+async def test_calls_by_status_and_the_per_minute_unknown_rate_are_exported(
+    pg_dsn: str, kafka_bootstrap: str, pg_schema: str, topic_prefix: str
+) -> None:
+    """Analytics must count each call once in its current status (a call that moved from
+    started to completed is no longer counted as started) and rate unknown calls per minute,
+    from decided facts only: a rejected reservation counts nowhere."""
+    settings = Settings(
+        database_url=pg_dsn,
+        kafka_bootstrap=kafka_bootstrap,
+        schema_name=pg_schema,
+        topic_prefix=topic_prefix + ".",
+        partitions=2,
+    )
+    stack = await LedgerStack.connect(settings, run_projector=True)
+    port = _free_port()
+    env = {
+        **os.environ,
+        "TOOLLEDGER_DATABASE_URL": pg_dsn,
+        "TOOLLEDGER_KAFKA_BOOTSTRAP": kafka_bootstrap,
+        "TOOLLEDGER_SCHEMA": pg_schema,
+        "TOOLLEDGER_TOPIC_PREFIX": settings.topic_prefix,
+    }
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "toolledger",
+        "analytics",
+        "--metrics-port",
+        str(port),
+        cwd=ROOT,
+        env=env,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        for n in range(6):
+            r = b.reserved(f"run-{n}", "c1")
+            await stack.commands.append_and_await(r, 10)
+            second = b.completed(r) if n < 4 else b.indeterminate(r)
+            # rates are per minute of the request's own time: make these happen now
+            second = second.model_copy(update={"occurred_at": datetime.now(UTC)})
+            await stack.commands.append_and_await(second, 10)
+        await stack.commands.append_and_await(b.reserved("run-0", "c1"), 10)  # rejected
+        label = (("status", "completed"), ("tenant", "acme"), ("tool", "billing.issue_credit"))
+        want = {
+            ("toolledger_calls", label): 4.0,
+            (
+                "toolledger_calls",
+                (("status", "indeterminate"), ("tenant", "acme"), ("tool", "billing.issue_credit")),
+            ): 2.0,
+            (
+                "toolledger_indeterminate_per_minute",
+                (("tenant", "acme"), ("tool", "billing.issue_credit")),
+            ): 2.0,
+        }
+        got: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+        deadline = asyncio.get_running_loop().time() + 45
+        while asyncio.get_running_loop().time() < deadline:
+            if proc.returncode is not None:
+                _, err = await proc.communicate()
+                raise AssertionError(err.decode()[-8000:])
+            with contextlib.suppress(OSError):
+                got = await asyncio.to_thread(_scrape, port)
+            if all(got.get(k) == v for k, v in want.items()):
+                break
+            await asyncio.sleep(0.2)
+        ours = {k: v for k, v in got.items() if k[0].startswith("toolledger_")}
+        assert all(got.get(k) == v for k, v in want.items()), ours
+        started = (("status", "started"), ("tenant", "acme"), ("tool", "billing.issue_credit"))
+        assert got.get(("toolledger_calls", started), 0.0) == 0.0
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            proc.terminate()
+        try:
+            await asyncio.wait_for(proc.wait(), 10)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+        await stack.close()
