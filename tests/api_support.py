@@ -38,7 +38,7 @@ TOOL = "billing.issue_credit"
 
 
 def api_settings(**overrides: Any) -> Settings:
-    return Settings(signing_keys={KEY_ID: SECRET}, verdict_timeout_s=10.0, **overrides)
+    return Settings(**{"signing_keys": {KEY_ID: SECRET}, "verdict_timeout_s": 10.0, **overrides})
 
 
 class Calls:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
+import socket
 import sys
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
@@ -336,11 +338,11 @@ async def test_readiness_and_metrics_read_the_real_ledger(
     ready = await api.get("/readyz")
     assert ready.status_code == 200, ready.text
     text = (await api.get("/metrics")).text
-    assert 'toolledger_calls{status="indeterminate"} 1.0' in text
+    assert 'toolledger_ledger_calls{status="indeterminate"} 1.0' in text
 
 
-async def _cli(settings: Settings, *args: str) -> tuple[int, str, str]:
-    env = {
+def _env(settings: Settings) -> dict[str, str]:
+    return {
         **os.environ,
         "TOOLLEDGER_DATABASE_URL": str(settings.database_url),
         "TOOLLEDGER_KAFKA_BOOTSTRAP": str(settings.kafka_bootstrap),
@@ -350,12 +352,15 @@ async def _cli(settings: Settings, *args: str) -> tuple[int, str, str]:
         "TOOLLEDGER_OPERATOR": "carol",
         "COLUMNS": "250",
     }
+
+
+async def _cli(settings: Settings, *args: str) -> tuple[int, str, str]:
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "toolledger",
         *args,
-        env=env,
+        env=_env(settings),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
@@ -384,6 +389,13 @@ async def test_the_cli_shares_the_service_and_tokens_with_the_api(
     code, out, err = await _cli(ledger_settings, "executions", "show", r.key)
     assert code == 0, err
     assert "call_resolved" in out and "status_mismatch" in out
+    done = await calls.completed("cli-comp")
+    code, out, err = await _cli(
+        ledger_settings, "executions", "compensate", done.key, "--reason", "refunded",
+        "--tools", "tests.api_support",
+    )  # fmt: skip
+    assert code == 0, err
+    assert "compensated" in out and f"{done.key}:compensate is completed" in out
 
     code, token, err = await _cli(
         ledger_settings, "tokens", "create", "--tenant", "acme", "--operator", "dave",
@@ -401,6 +413,46 @@ async def test_the_cli_shares_the_service_and_tokens_with_the_api(
     assert code == 0, err
     async with s.client(app, token) as viewer:
         assert (await viewer.get("/v1/tool-executions")).status_code == 401
+
+
+async def test_toolledger_api_serves_the_app_and_shuts_down_cleanly(
+    calls: s.Calls, tokens: PostgresTokens, ledger_settings: Settings
+) -> None:
+    """The real entry point: uvicorn, the stack opened at startup in its loop, compensations
+    run through `--tools`, and SIGTERM closing everything through the app's shutdown."""
+    done = await calls.completed("served")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "toolledger", "api", "--port", str(port),
+        "--tools", "tests.api_support", "--log-level", "info",
+        env=_env(ledger_settings), stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        base = f"http://127.0.0.1:{port}"
+        async with httpx.AsyncClient(base_url=base) as web:
+            for _ in range(200):  # until it listens, at most ~10 s
+                try:
+                    if (await web.get("/healthz")).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    await asyncio.sleep(0.05)
+            assert (await web.get("/readyz")).status_code == 200
+            web.headers["Authorization"] = f"Bearer {await s.token(tokens)}"
+            got = await web.post(
+                f"/v1/tool-executions/{done.key}/compensate", json={"reason": "refunded"}
+            )
+            assert got.status_code == 200, got.text
+            assert got.json()["record"]["status"] == "compensated"
+            assert "toolledger_api_verdict_seconds_bucket" in (await web.get("/metrics")).text
+    finally:
+        if process.returncode is None:
+            process.send_signal(signal.SIGTERM)
+        _, err = await asyncio.wait_for(process.communicate(), 30)
+    # uvicorn re-raises SIGTERM once its graceful shutdown (our lifespan's close) is done.
+    assert process.returncode in (0, -signal.SIGTERM), err.decode()
+    assert "Application shutdown complete" in err.decode()
 
 
 # -- schemathesis: every response of every operation matches /openapi.json, never a 5xx ------

@@ -23,7 +23,7 @@ from toolledger.projections.store import OffsetConflict
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 IDENTITY = LogIdentity("toolledger.events", uuid.uuid4(), 1)
-AWKWARD = ('plain', 'a "quoted" id', "back\\slash", "{braces},commas", "NULL", "", " spaced ")
+AWKWARD = ("plain", 'a "quoted" id', "back\\slash", "{braces},commas", "NULL", "", " spaced ")
 
 
 @pytest.fixture

@@ -315,3 +315,18 @@ async def test_the_projector_survives_its_database_connections_being_killed(
     assert not stack.projector_task.done()
     history = await stack.store.history(first.key)
     assert [h.event_id for h in history] == [first.event_id]
+
+
+async def test_a_nul_or_lone_surrogate_in_a_tool_error_does_not_stall_the_partition(
+    stack: LedgerStack,
+) -> None:
+    """PostgreSQL text cannot hold NUL: an error message carrying one used to make every batch
+    of its partition fail forever. Such characters are stored as U+FFFD."""
+    r = b.reserved("nul-run", "c1")
+    broken = b.failed(r).model_copy(update={"error": "x"})
+    broken = type(broken).model_validate({**broken.model_dump(), "error": "bad\x00byte \udc80"})
+    await _project(stack, r, broken)
+    record = await stack.store.get_call(r.key)
+    assert record is not None and record.error == "bad\ufffdbyte \ufffd"
+    after = b.reserved("nul-run", "c2")
+    assert (await stack.commands.append_and_await(after, timeout=10)).accepted

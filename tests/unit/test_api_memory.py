@@ -19,6 +19,8 @@ from toolledger.api import create_app
 from toolledger.api.app import close_stack
 from toolledger.api.service import OperatorService
 from toolledger.api.tokens import MemoryTokens
+from toolledger.events.lifecycle import sign
+from toolledger.events.models import CompensationRequested
 from toolledger.settings import ConfigError, Settings
 from toolledger.stack import LedgerStack
 
@@ -367,7 +369,7 @@ async def test_health_readiness_and_metrics(
         "/v1/tool-executions/metrics-2:c1/resolve", json={"outcome": "failed", "reason": "no"}
     )
     text = (await api.get("/metrics")).text
-    assert 'toolledger_calls{status="indeterminate"}' in text
+    assert 'toolledger_ledger_calls{status="indeterminate"}' in text
     assert 'toolledger_unsettled_calls{older_than_seconds="0",status="indeterminate"}' in text
     assert 'toolledger_api_verdict_seconds_count{command="call_resolved"}' in text
     assert "toolledger_projector_lag_seconds" in text
@@ -402,3 +404,76 @@ async def test_tokens_scope_every_request_to_their_tenant_and_role(
         got = await anonymous.get("/v1/tool-executions")
         assert (got.status_code, got.json()["error"]["code"]) == (401, "missing_token")
         assert got.headers["www-authenticate"] == "Bearer"
+
+
+async def test_a_command_without_a_verdict_is_503_and_the_api_stops_being_ready(
+    tokens: MemoryTokens,
+) -> None:
+    """With the projector stopped, a decision must not hang or guess: 503 saying it may still
+    apply, and /readyz turns 503 until a verdict comes again."""
+    stack = await LedgerStack.memory(signing_keys=s.KEYS)
+    try:
+        r = await s.Calls(stack).indeterminate("stalled")
+        assert stack.projector is not None
+        stack.projector.stop()
+        await stack.projector_task
+        service = OperatorService(
+            stack.store, stack.commands, signing_keys=s.KEYS, verdict_timeout=0.3
+        )
+        app = create_app(service, s.api_settings(), tokens=tokens)
+        async with s.client(app, await s.token(tokens)) as api:
+            assert (await api.get("/readyz")).status_code == 200
+            got = await api.post(
+                f"/v1/tool-executions/{r.key}/resolve", json={"outcome": "failed", "reason": "x"}
+            )
+            assert (got.status_code, got.json()["error"]["code"]) == (503, "ledger_unavailable")
+            assert "may still be applied" in got.json()["error"]["message"]
+            ready = await api.get("/readyz")
+            assert ready.status_code == 503
+            assert "no verdict in time" in ready.json()["error"]["message"]
+        with_stack = create_app(stack, s.api_settings(), tokens=tokens)
+        async with s.client(with_stack) as probe:
+            ready = await probe.get("/readyz")
+            assert ready.status_code == 503
+            assert "projector stopped" in ready.json()["error"]["message"]
+    finally:
+        await close_stack(stack)
+
+
+async def test_openapi_json_documents_bearer_auth_and_the_error_shape(
+    app: FastAPI, api: httpx.AsyncClient
+) -> None:
+    served = (await api.get("/openapi.json")).json()
+    assert served == app.openapi()
+    assert served["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
+    resolve = served["paths"]["/v1/tool-executions/{key}/resolve"]["post"]
+    assert set(resolve["responses"]) == {"200", "401", "403", "404", "409", "413", "422", "503"}
+    conflict = resolve["responses"]["409"]["content"]["application/json"]["schema"]
+    assert conflict == {"$ref": "#/components/schemas/ErrorResponse"}
+
+
+async def test_asking_again_finishes_a_compensation_an_interrupted_request_left_undone(
+    api: httpx.AsyncClient, calls: s.Calls, stack: LedgerStack
+) -> None:
+    """The request was accepted (`compensating`) but the process died before running the
+    compensation: asking again runs it, once, and settles the call."""
+    r = await calls.completed("comp-resume")
+    requested = sign(
+        CompensationRequested(
+            key=r.key,
+            run_id=r.run_id,
+            tool_call_id=r.tool_call_id,
+            tenant_id=r.tenant_id,
+            operator="alice",
+            reason="customer asked",
+            expected_version=2,
+        ),
+        s.KEY_ID,
+        s.SECRET.encode(),
+    )
+    record = await calls.apply(requested)
+    assert record is not None and record.status == "compensating"
+    got = await api.post(f"/v1/tool-executions/{r.key}/compensate", json={"reason": "finish"})
+    assert got.status_code == 200, got.text
+    assert got.json()["record"]["status"] == "compensated"
+    assert s.voided == [r.key]

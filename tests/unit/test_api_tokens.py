@@ -7,7 +7,8 @@ from datetime import UTC, datetime, timedelta
 import click
 import pytest
 
-from toolledger.api.service import InvalidRequest, decode_cursor, encode_cursor
+from toolledger.api.errors import InvalidRequest
+from toolledger.api.inputs import decode_cursor, encode_cursor
 from toolledger.api.tokens import MemoryTokens, TokenRejected, hash_token, role_allows
 from toolledger.cli.tokens import parse_ttl
 from toolledger.events.records import CallRecord

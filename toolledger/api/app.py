@@ -37,17 +37,17 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from toolledger.api import metrics
 from toolledger.api.auth import ApiContext, ApiError, api_context
 from toolledger.api.compensation import RuntimeCompensator
-from toolledger.api.routes import STATUSES, errors, router
-from toolledger.api.schemas import ErrorDetail, ErrorResponse, Health, ToolExecution
-from toolledger.api.service import (
+from toolledger.api.errors import (
     Conflict,
     InvalidRequest,
     Misconfigured,
     NotFound,
     OperatorError,
-    OperatorService,
     Unavailable,
 )
+from toolledger.api.routes import STATUSES, errors, router
+from toolledger.api.schemas import ErrorDetail, ErrorResponse, Health, ToolExecution
+from toolledger.api.service import OperatorService
 from toolledger.api.tokens import MemoryTokens, PostgresTokens, TokenStore
 from toolledger.events.models import utcnow
 from toolledger.projections.postgres import PostgresLedger

@@ -24,12 +24,15 @@ from __future__ import annotations
 import contextlib
 import importlib
 import inspect
+import os
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from toolledger.api.service import COMPENSATE_SUFFIX, Unavailable, compensation_key
+from toolledger.api.errors import Unavailable
+from toolledger.api.service import COMPENSATE_SUFFIX, compensation_key
 from toolledger.events.models import CallAbandoned, CallReserved, utcnow
 from toolledger.events.records import CallRecord, Verdict
 from toolledger.projections.commands import LedgerCommands
@@ -42,7 +45,13 @@ from toolledger.runtime.tools import Tool, Toolset, uses_context_attribute
 
 
 def load_tools(modules: Iterable[str]) -> dict[str, Tool[Any, Any]]:
-    """Every tool declared at the top level of `modules` (as a `Toolset` or a `Tool`), by name."""
+    """Every tool declared at the top level of `modules` (as a `Toolset` or a `Tool`), by name.
+
+    The working directory is importable, as for `python -m` and uvicorn, so `--tools
+    mypkg.tools` finds a project's own package without installing it.
+    """
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     tools: dict[str, Tool[Any, Any]] = {}
     for name in modules:
         try:

@@ -6,7 +6,8 @@ item 8). They live in the default registry because a process serves one API; tes
 several apps share them, which is harmless for counters and histograms and means the gauges show
 whichever app refreshed last.
 
-- `toolledger_calls{status}`: calls in the ledger per status, every tenant.
+- `toolledger_ledger_calls{status}`: calls in the ledger per status, every tenant, read from
+  PostgreSQL (the analytics app's `toolledger_calls` splits them by tenant and tool from facts).
 - `toolledger_unsettled_calls{status, older_than_seconds}`: `started` and `indeterminate` calls
   whose record has not changed for at least that long, cumulative: alert on
   `toolledger_unsettled_calls{status="indeterminate", older_than_seconds="3600"} > 0`.
@@ -26,7 +27,9 @@ from prometheus_client import Counter, Gauge, Histogram
 #: Age bounds (seconds) of `toolledger_unsettled_calls`: 0, a minute, 5 minutes, an hour, a day.
 UNSETTLED_AGES: tuple[float, ...] = (0.0, 60.0, 300.0, 3600.0, 86400.0)
 
-CALLS = Gauge("toolledger_calls", "Calls in the ledger per status (every tenant).", ["status"])
+CALLS = Gauge(
+    "toolledger_ledger_calls", "Calls in the ledger per status (every tenant).", ["status"]
+)
 UNSETTLED = Gauge(
     "toolledger_unsettled_calls",
     "Started or indeterminate calls unchanged for at least older_than_seconds (cumulative).",

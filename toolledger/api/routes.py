@@ -15,6 +15,7 @@ from typing import Annotated, Any, get_args
 from fastapi import APIRouter, Depends, Path, Query, Request
 
 from toolledger.api.auth import Acting, Context, Viewer, operator_of
+from toolledger.api.errors import InvalidRequest
 from toolledger.api.schemas import (
     CompensateRequest,
     CompensationResult,
@@ -26,7 +27,7 @@ from toolledger.api.schemas import (
     ToolExecutionDetail,
     ToolExecutionPage,
 )
-from toolledger.api.service import MAX_PAGE, InvalidRequest
+from toolledger.api.service import MAX_PAGE
 from toolledger.events.records import CallStatus
 
 STATUSES: tuple[CallStatus, ...] = get_args(CallStatus)

@@ -24,9 +24,6 @@ asking again for a `compensating` call finishes whatever an interrupted request 
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
-import json
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -35,6 +32,15 @@ from datetime import datetime
 from typing import Any, Literal, Protocol, TypeVar
 
 from toolledger.api import metrics
+from toolledger.api.errors import (
+    Conflict,
+    InvalidRequest,
+    Misconfigured,
+    NotFound,
+    OperatorError,
+    Unavailable,
+)
+from toolledger.api.inputs import clean_reason, decode_cursor, encode_cursor, storable, value_json
 from toolledger.events.fold import HistoryEntry
 from toolledger.events.lifecycle import CLOCK_SKEW_GRACE, sign
 from toolledger.events.models import (
@@ -46,7 +52,6 @@ from toolledger.events.models import (
     CompensationFailed,
     CompensationRequested,
     OperatorEvent,
-    canonical_json,
     utcnow,
 )
 from toolledger.events.records import CallRecord, CallStatus, Verdict
@@ -69,46 +74,6 @@ def compensation_key(key: str) -> str:
 def resolvable_after(record: CallRecord) -> datetime | None:
     """When a `started` call may be settled by an operator (its deadline plus clock-skew grace)."""
     return record.deadline + CLOCK_SKEW_GRACE if record.status == "started" else None
-
-
-class OperatorError(Exception):
-    """A request the service cannot carry out; `code` is for programs, the message for people."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-class NotFound(OperatorError):
-    """No such call for this operator's tenant."""
-
-
-class InvalidRequest(OperatorError):
-    """The request itself is wrong (an empty reason, a cursor this service did not issue)."""
-
-
-class Conflict(OperatorError):
-    """The ledger refused the decision; `record` is the call as it is now."""
-
-    def __init__(
-        self,
-        code: str,
-        message: str,
-        record: CallRecord | None = None,
-        resolvable_after: datetime | None = None,
-    ) -> None:
-        super().__init__(code, message)
-        self.record = record
-        self.resolvable_after = resolvable_after
-
-
-class Unavailable(OperatorError):
-    """Kafka, the projector or PostgreSQL did not answer in time; the command may still apply."""
-
-
-class Misconfigured(OperatorError):
-    """This process's setup contradicts the ledger's (its signing key is not one it accepts)."""
 
 
 @dataclass(frozen=True)
@@ -147,70 +112,6 @@ class Compensator(Protocol):
     async def run(self, record: CallRecord) -> CallRecord:
         """Reserve and run the compensation of `record` once; return the ledger's record of
         `<key>:compensate` afterwards (or as another holder left it, if it was not ours to run)."""
-
-
-def encode_cursor(call: CallRecord) -> str:
-    """An opaque cursor that continues a listing after `call`."""
-    raw = json.dumps([call.updated_at.isoformat(), call.key], separators=(",", ":"))
-    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
-
-
-def decode_cursor(cursor: str) -> tuple[datetime, str]:
-    """The `(updated_at, key)` a cursor continues after; `InvalidRequest` if it is not ours."""
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        at, key = json.loads(raw)
-        when = datetime.fromisoformat(at)
-        if not isinstance(key, str) or "\x00" in key or when.tzinfo is None:
-            raise ValueError("not a cursor")
-    except (ValueError, TypeError, binascii.Error, UnicodeDecodeError):
-        raise InvalidRequest(
-            "invalid_cursor",
-            f"cursor {cursor[:40]!r} was not issued by this API; pass the next_cursor of the "
-            "previous page unchanged, or omit it to start from the beginning",
-        ) from None
-    return when, key
-
-
-def clean_reason(reason: str) -> str:
-    """The reason without surrounding whitespace; `InvalidRequest` if nothing is left."""
-    cleaned = reason.strip()
-    if not cleaned:
-        raise InvalidRequest(
-            "reason_required",
-            "a decision needs a reason: say what you checked (e.g. 'credit cr_81 found in the "
-            "billing console')",
-        )
-    if not storable(cleaned):
-        raise InvalidRequest(
-            "invalid_reason", "the reason must be UTF-8 text without NUL characters"
-        )
-    return cleaned
-
-
-def storable(text: str) -> bool:
-    """Whether the ledger can store `text`: UTF-8 encodable and free of NUL (PostgreSQL text
-    holds neither a lone surrogate nor NUL, and an event the projector cannot write would
-    stall its partition)."""
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return False
-    return "\x00" not in text
-
-
-def value_json(value: Any) -> str | None:
-    """A resolution's value as stored JSON; `InvalidRequest` if JSON cannot hold it."""
-    if value is None:
-        return None
-    try:
-        json.dumps(value, allow_nan=False)
-    except (ValueError, TypeError) as exc:
-        raise InvalidRequest("invalid_value", f"value is not plain JSON ({exc})") from None
-    text = canonical_json(value)  # JSON escapes NUL, so only a lone surrogate can fail here
-    if not storable(text):
-        raise InvalidRequest("invalid_value", "value must be UTF-8 text")
-    return text
 
 
 _REFUSED_AS_NOT_FOUND = frozenset({"unknown_call", "tenant_mismatch"})
@@ -410,8 +311,9 @@ class OperatorService:
     def _require_compensator(self, record: CallRecord) -> Compensator:
         compensator = self.compensator
         problem = (
-            "this process has no tool registry, so it cannot run compensations; start the API "
-            "with `toolledger api --tools <module declaring your toolsets>`"
+            "this process has no tool registry, so it cannot run compensations; pass "
+            "--tools <module declaring your toolsets> to `toolledger api` or to "
+            "`toolledger executions compensate`"
             if compensator is None
             else compensator.unavailable(record)
         )

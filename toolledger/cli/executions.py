@@ -29,15 +29,8 @@ from rich.table import Table
 
 from toolledger.api.app import close_stack
 from toolledger.api.compensation import RuntimeCompensator, load_tools
-from toolledger.api.service import (
-    Conflict,
-    InvalidRequest,
-    NotFound,
-    Operator,
-    OperatorError,
-    OperatorService,
-    resolvable_after,
-)
+from toolledger.api.errors import Conflict, InvalidRequest, NotFound, OperatorError
+from toolledger.api.service import Operator, OperatorService, resolvable_after
 from toolledger.events.log import LogError
 from toolledger.events.models import utcnow
 from toolledger.events.records import CallRecord, CallStatus
@@ -325,9 +318,9 @@ def reject_command(
     "--tools",
     "tools",
     multiple=True,
-    required=True,
     envvar="TOOLLEDGER_TOOLS",
-    help="Module declaring the call's toolset (repeatable) [env TOOLLEDGER_TOOLS].",
+    help="Module declaring the call's toolset, whose compensation runs here (repeatable; "
+    "required to run one) [env TOOLLEDGER_TOOLS].",
 )
 @_tenant
 @_operator

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import socket
 import uuid
 from datetime import UTC, datetime
@@ -61,6 +62,19 @@ def _no_colon(value: str) -> str:
 RunId = Annotated[str, AfterValidator(_no_colon)]
 
 
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, str):
+        return _UNSTORABLE.sub("\ufffd", value) if _UNSTORABLE.search(value) else value
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_clean(v) for v in value)
+    return value
+
+
 def canonical_json(value: Any) -> str:
     """JSON with sorted keys and no whitespace: the form that digests and signatures cover."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
@@ -76,7 +90,18 @@ def call_key(run_id: str, tool_call_id: str) -> str:
     return f"{run_id}:{tool_call_id}"
 
 
-class Producer(BaseModel):
+class _Storable(BaseModel):
+    """Every string storable: PostgreSQL text cannot hold NUL and UTF-8 cannot hold a lone
+    surrogate, and an event that cannot be stored would stall its partition forever. Such
+    characters (from a tool's error message, say) become U+FFFD."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _storable_text(cls, data: Any) -> Any:
+        return _clean(data)
+
+
+class Producer(_Storable):
     """Which process appended the event (shown to auditors as the actor)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -89,7 +114,7 @@ class Producer(BaseModel):
         return cls(host=socket.gethostname(), pid=os.getpid())
 
 
-class Signature(BaseModel):
+class Signature(_Storable):
     """HMAC-SHA256 over the event's canonical body, by the API key named `key_id`."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -98,7 +123,7 @@ class Signature(BaseModel):
     mac: str
 
 
-class Event(BaseModel):
+class Event(_Storable):
     """The envelope every request carries.
 
     `key` is `<run_id>:<tool_call_id>` for call events and the run_id for run events; the log is
