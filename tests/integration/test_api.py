@@ -533,9 +533,12 @@ def test_every_response_matches_the_openapi_schema(
 
     `positive_data_acceptance` is left out on purpose: an opaque cursor or a key the API never
     issued is schema-valid text, and refusing it (422, 404) is the documented answer.
+    `negative_data_rejection` is left out too: this test always sends a valid token, so a case
+    generated to lack the Authorization header does not lack it, and its 200 is right (missing
+    tokens are covered by the auth tests; invalid bodies and queries by the 422 tests).
     """
     case.call_and_validate(
         headers={"Authorization": f"Bearer {api_token}"},
         app=served_app,
-        excluded_checks=[checks.positive_data_acceptance],
+        excluded_checks=[checks.positive_data_acceptance, checks.negative_data_rejection],
     )
