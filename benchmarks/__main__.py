@@ -15,11 +15,19 @@ import signal
 import sys
 import time
 
-from benchmarks import _backlog, catch_up, replay_rate, verdict_latency
+from benchmarks import (
+    _backlog,
+    catch_up,
+    fast_path,
+    replay_rate,
+    runtime_overhead,
+    throughput,
+    verdict_latency,
+)
 from benchmarks._support import Row, Scratch, say, services, table
 from toolledger.devstack import Services
 
-BENCHMARKS = ("latency", "catch-up", "replay")
+BENCHMARKS = ("latency", "catch-up", "replay", "overhead", "fast-path", "throughput")
 
 
 def _arguments(argv: list[str] | None) -> argparse.Namespace:
@@ -36,15 +44,19 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--budget",
         type=float,
-        default=20.0,
+        default=10.0,
         help="seconds a catch-up run may take after its first commit (rate over what it applied)",
     )
+    parser.add_argument("--runs", type=int, default=64, help="concurrent runs in throughput")
+    parser.add_argument("--calls", type=int, default=40, help="calls per run in throughput")
     parser.add_argument(
         "--only", choices=BENCHMARKS, action="append", help="run only these (repeatable)"
     )
     args = parser.parse_args(argv)
     if args.repeat < 1 or args.samples < 10 or args.events < 1000:
         parser.error("--repeat >= 1, --samples >= 10 and --events >= 1000, please")
+    if args.runs < 1 or args.calls < 1:
+        parser.error("--runs >= 1 and --calls >= 1, please")
     return args
 
 
@@ -76,6 +88,19 @@ async def _run(found: Services, args: argparse.Namespace) -> list[Row]:
             if "replay" in chosen:
                 say("replay")
                 rows += await replay_rate.measure(scratch, backlog, repeat=args.repeat)
+        if "overhead" in chosen:
+            say("runtime overhead per call")
+            rows += await runtime_overhead.measure(
+                scratch, samples=args.samples, repeat=args.repeat
+            )
+        if "fast-path" in chosen:
+            say("fast-path replay")
+            rows += await fast_path.measure(scratch, samples=args.samples, repeat=args.repeat)
+        if "throughput" in chosen:
+            say(f"throughput: {args.runs} runs x {args.calls} calls")
+            rows += await throughput.measure(
+                scratch, runs=args.runs, calls=args.calls, repeat=args.repeat
+            )
     finally:
         await scratch.cleanup()
     return rows

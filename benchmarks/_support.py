@@ -8,8 +8,11 @@ reports the ratio; every figure is the median over repetitions. Everything a ben
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import os
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -136,6 +139,36 @@ class Scratch:
             problems.append(f"topics {self.prefix}*: {exc!r}")
         for problem in problems:
             print(f"cleanup failed: {problem}", file=sys.stderr)
+
+
+async def start_process(
+    argv: Sequence[str], env: dict[str, str], log: Path
+) -> asyncio.subprocess.Process:
+    """`python <argv>` in a session of its own, output appended to `log`; stop it with
+    `stop_process` (by pid)."""
+    with log.open("ab") as out:
+        return await asyncio.create_subprocess_exec(
+            sys.executable,
+            *argv,
+            env={**os.environ, **env},
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=out,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+async def stop_process(proc: asyncio.subprocess.Process) -> None:
+    """SIGTERM (a projector stops cleanly on it), then SIGKILL; this process only, by pid."""
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), 10)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGKILL)
+            await asyncio.wait_for(proc.wait(), 5)
 
 
 def percentile(values: Sequence[float], q: float) -> float:

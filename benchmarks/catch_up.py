@@ -18,10 +18,6 @@ was measured.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import signal
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -31,7 +27,7 @@ from pathlib import Path
 import asyncpg
 
 from benchmarks._backlog import Backlog
-from benchmarks._support import Row, Scratch, median, say
+from benchmarks._support import Row, Scratch, median, say, start_process, stop_process
 from toolledger.events.kafka import KafkaLog
 
 POLL = 0.01
@@ -95,28 +91,17 @@ async def projector_catch_up(
     schema = scratch.schema("catchup")
     topics = scratch.topics("backlog")
     settings = {"partitions": backlog.partitions, "batch_size": batch_size}
-    env = {**os.environ, **scratch.env(schema, topics, **settings)}
+    env = scratch.env(schema, topics, **settings)
     procs: list[asyncio.subprocess.Process] = []
     with tempfile.TemporaryDirectory(prefix="toolledger-bench-") as home:
         log_path = Path(home) / "projector.log"
         try:
-            with log_path.open("wb") as out:
-                for argv in variant.commands(backlog.partitions):
-                    procs.append(
-                        await asyncio.create_subprocess_exec(
-                            sys.executable,
-                            *argv,
-                            env=env,
-                            stdin=asyncio.subprocess.DEVNULL,
-                            stdout=out,
-                            stderr=asyncio.subprocess.STDOUT,
-                            start_new_session=True,
-                        )
-                    )
+            for argv in variant.commands(backlog.partitions):
+                procs.append(await start_process(argv, env, log_path))
             return await _watch(scratch, schema, backlog, procs, log_path, budget)
         finally:
             for proc in procs:
-                await _stop(proc)
+                await stop_process(proc)
             await scratch.drop_schema(schema)
             await scratch.delete_topics(f"{topics}toolledger.ledger")
 
@@ -165,26 +150,13 @@ async def _watch(
         await conn.close()
 
 
-async def _stop(proc: asyncio.subprocess.Process) -> None:
-    """SIGTERM (the projector stops cleanly), then SIGKILL; only this process, by pid."""
-    if proc.returncode is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, signal.SIGTERM)
-        try:
-            await asyncio.wait_for(proc.wait(), 10)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signal.SIGKILL)
-            await asyncio.wait_for(proc.wait(), 5)
-
-
 async def measure(
     scratch: Scratch,
     backlog: Backlog,
     *,
     repeat: int,
     batch_size: int = 2000,
-    budget: float = 20.0,
+    budget: float = 10.0,
     variants: Sequence[Variant] = (SHIPPED, NO_FACTS, TWO_NO_FACTS),
 ) -> list[Row]:
     consumed: list[float] = []

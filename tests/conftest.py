@@ -8,6 +8,9 @@ skips. Each test then gets its own PostgreSQL schema and its own topic-name pref
 sharing one server never see each other's rows or records.
 
 The fixture names and types below are the contract the rest of the suite relies on.
+
+Long persistence drills (`@pytest.mark.drill`, e.g. the 1000-run drill) run only with
+`--drills`; the CI drill in `tests/drills` is not marked and always runs.
 """
 
 from __future__ import annotations
@@ -120,3 +123,22 @@ def _pid_exists(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--drills",
+        action="store_true",
+        default=False,
+        help="also run the long persistence drills (marked `drill`); the CI drill always runs",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Long drills (`@pytest.mark.drill`) take many minutes: they run only with --drills."""
+    if config.getoption("--drills"):
+        return
+    skip = pytest.mark.skip(reason="a long persistence drill: run it with --drills")
+    for item in items:
+        if item.get_closest_marker("drill") is not None:
+            item.add_marker(skip)

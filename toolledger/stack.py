@@ -3,7 +3,9 @@
 `LedgerStack.memory()` is the embedded default: a memory log, a memory ledger and an in-process
 projector, for the demo and for users' unit tests. `LedgerStack.connect(settings)` talks to Kafka
 and PostgreSQL; it runs a projector only when asked (`toolledger projector` does), because in
-production projectors are their own processes.
+production projectors are their own processes. Its runtime-side reads (a call's record, a
+verdict) share one PostgreSQL connection of their own, opened on first use
+(`toolledger.projections.postgres_reads` says why).
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -24,20 +25,14 @@ from toolledger.projections.facts import FactsPublisher
 from toolledger.projections.memory import MemoryLedger
 from toolledger.projections.ownership import MemoryPartitionLocks, PostgresPartitionLocks
 from toolledger.projections.postgres import PostgresLedger
+from toolledger.projections.postgres_reads import PostgresReads
 from toolledger.projections.projector import Projector, VerdictSink
+from toolledger.projections.reads import CallReads, PointReads, StoreReads
 from toolledger.projections.store import LedgerStore
-from toolledger.projections.verdicts import PostgresNotifications, VerdictSource, VerdictWaiter
+from toolledger.projections.verdicts import PostgresNotifications, VerdictWaiter
 from toolledger.settings import Settings
 
 log = logging.getLogger("toolledger.stack")
-
-
-class _StoreVerdicts(VerdictSource):
-    def __init__(self, store: LedgerStore) -> None:
-        self._store = store
-
-    async def verdicts(self, event_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, Verdict]:
-        return await self._store.verdicts(event_ids)
 
 
 @dataclass
@@ -50,9 +45,11 @@ class LedgerStack:
     store: LedgerStore
     waiter: VerdictWaiter
     commands: LedgerCommands
+    call_reads: CallReads
     projector: Projector | None = None
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _listeners: list[PostgresNotifications] = field(default_factory=list)
+    _reads: list[PointReads] = field(default_factory=list)
 
     @classmethod
     async def memory(
@@ -71,7 +68,7 @@ class LedgerStack:
             await topic.create_topic(partitions)
         store = MemoryLedger(signing_keys=signing_keys)
         await store.start()
-        waiter = VerdictWaiter(_StoreVerdicts(store))
+        waiter = VerdictWaiter(StoreReads(store))
         projector = Projector(
             events,
             store,
@@ -81,7 +78,9 @@ class LedgerStack:
             on_verdicts=_hint_waiter(waiter),
             fetch_wait_ms=50,
         )
-        stack = cls(events, facts, dlq, store, waiter, LedgerCommands(events, waiter), projector)
+        commands = LedgerCommands(events, waiter)
+        reads = CallReads(StoreReads(store))
+        stack = cls(events, facts, dlq, store, waiter, commands, reads, projector)
         await waiter.start()
         stack._tasks.append(asyncio.create_task(projector.run(), name="toolledger-projector"))
         return stack
@@ -104,7 +103,9 @@ class LedgerStack:
             database_url, settings.schema_name, signing_keys=settings.signing_secrets()
         )
         await store.start()
-        waiter = VerdictWaiter(_StoreVerdicts(store))
+        reads = PostgresReads(database_url, settings.schema_name)
+        call_reads = CallReads(reads)
+        waiter = VerdictWaiter(reads)
         listener = PostgresNotifications(database_url, store.notify_channel, waiter)
         await listener.start()
         await waiter.start()
@@ -120,8 +121,10 @@ class LedgerStack:
                 fetch_wait_ms=settings.fetch_wait_ms,
                 identity_interval=settings.identity_check_s,
             )
-        stack = cls(events, facts, dlq, store, waiter, LedgerCommands(events, waiter), projector)
+        commands = LedgerCommands(events, waiter)
+        stack = cls(events, facts, dlq, store, waiter, commands, call_reads, projector)
         stack._listeners.append(listener)
+        stack._reads.append(reads)
         if projector is not None:
             stack._tasks.append(asyncio.create_task(projector.run(), name="toolledger-projector"))
         return stack
@@ -143,6 +146,8 @@ class LedgerStack:
         await self.waiter.close()
         for listener in self._listeners:
             await listener.close()
+        for reads in self._reads:
+            await reads.close()
         await self.store.close()
         for topic in (self.events, self.facts, self.dlq):
             await topic.close()

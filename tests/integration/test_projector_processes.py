@@ -21,7 +21,7 @@ import re
 import subprocess
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,7 @@ from toolledger.events.models import Event
 from toolledger.events.records import Verdict
 from toolledger.projections.commands import LedgerCommands
 from toolledger.projections.ownership import lock_class
-from toolledger.projections.postgres import PostgresLedger
+from toolledger.projections.postgres import SMALL_BATCH, PostgresLedger
 from toolledger.projections.replay import compare, replay
 from toolledger.projections.store import LedgerStore
 from toolledger.projections.verdicts import PostgresNotifications, VerdictSource, VerdictWaiter
@@ -245,14 +245,32 @@ async def _settle(scene: Scene, proc: Proc) -> list[asyncpg.Record]:
     return await until(settled, timeout=5, what=f"the sessions of frozen {proc.name} to settle")
 
 
-async def _freeze(scene: Scene, proc: Proc, *, in_batch: bool) -> asyncpg.Record | None:
+async def _appended_beyond(appended: Callable[[], int], target: int) -> None:
+    await until(lambda: appended() >= target, timeout=10, what="a backlog")
+
+
+async def _freeze(
+    scene: Scene, proc: Proc, *, in_batch: bool, appended: Callable[[], int] = lambda: 0
+) -> asyncpg.Record | None:
     """SIGSTOP `proc` at a moment it is inside a batch transaction past its offset
     compare-and-set (`in_batch`), or has no transaction open at all; retried until caught so.
 
+    Only a batch of more than `SMALL_BATCH` events is applied in a transaction that spans round
+    trips; a smaller one is a single statement, which a client frozen after sending it cannot
+    hold open. So `in_batch` first lets a backlog build (`proc` frozen while the stream, counted
+    by `appended`, appends a few large batches' worth), then catches `proc` working it off.
     Returns the open batch transaction's session when `in_batch`.
     """
     deadline = time.monotonic() + 10
+    caught_since = time.monotonic()
     while time.monotonic() < deadline:
+        if in_batch and time.monotonic() - caught_since > 0.5:
+            proc.freeze()
+            try:
+                await _appended_beyond(appended, appended() + PARTITIONS * (SMALL_BATCH + 16))
+            finally:
+                proc.resume()
+            caught_since = time.monotonic()
         if in_batch and await scene.batch_transaction(proc) is None:
             continue
         proc.freeze()
@@ -369,11 +387,13 @@ async def test_a_frozen_projector_whose_partitions_were_taken_over_writes_nothin
     """
     a = scene.start_projector("projector-a")
     await scene.owns_all(a)
-    stream = Stream(scene.client.commands, runs=40, calls=10, rate=500, tag="before")
+    stream = Stream(scene.client.commands, runs=40, calls=20, rate=500, tag="before")
     appending = asyncio.create_task(stream.run())
     try:
         await until(lambda: len(stream.appended) >= 100, timeout=10, what="the stream")
-        batch = await _freeze(scene, a, in_batch=frozen == "inside_a_batch")
+        batch = await _freeze(
+            scene, a, in_batch=frozen == "inside_a_batch", appended=lambda: len(stream.appended)
+        )
         lock_session = await scene.lock_session(a)
         assert lock_session is not None
         await scene.terminate(lock_session)

@@ -413,7 +413,10 @@ async def test_two_reconcilers_never_settle_one_key_twice(scene: Scene) -> None:
     for key in everything:
         history = await scene.stack.store.history(key)
         assert len(_accepted_completions(history)) == 1, history
-        rejected += sum(1 for h in history if h.event_type == "call_completed" and not h.accepted)
+        # Both groups answered at the same version, so one of their findings lost the
+        # compare-and-set. (Under load a held hook can time out and answer "unknown", so the
+        # loser is a completion or a reconcile attempt.)
+        rejected += sum(1 for h in await scene.findings(key) if not h.accepted)
     assert rejected >= len(everything)
     partitions = {
         p.name: re.findall(r"owns facts partitions (\[[\d, ]*\])", p.output()) for p in (one, two)

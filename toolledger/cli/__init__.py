@@ -16,6 +16,7 @@ from toolledger.cli.analytics import analytics
 from toolledger.cli.api import api
 from toolledger.cli.demo import demo
 from toolledger.cli.dev import dev
+from toolledger.cli.drill import drill
 from toolledger.cli.executions import executions
 from toolledger.cli.ledger import audit_command, dead_letters, history, replay_command
 from toolledger.cli.projector import projector
@@ -53,5 +54,6 @@ main.add_command(history)
 main.add_command(dead_letters)
 main.add_command(replay_command)
 main.add_command(audit_command)
+main.add_command(drill)
 
 __all__ = ["main"]

@@ -34,9 +34,9 @@ class LedgerCommands:
         delay = 0.01
         while True:
             try:
-                return await asyncio.wait_for(
-                    self.events.append(event.run_id, data), max(deadline - time.monotonic(), 0.001)
-                )
+                # asyncio.timeout, not wait_for: no task per append on the hot path.
+                async with asyncio.timeout(max(deadline - time.monotonic(), 0.001)):
+                    return await self.events.append(event.run_id, data)
             except (LogError, TimeoutError) as exc:
                 if time.monotonic() + delay >= deadline:
                     raise LedgerUnavailable(
@@ -55,6 +55,10 @@ class LedgerCommands:
         request such as `CallAbandoned`).
         """
         started = time.monotonic()
-        await self.append(event, timeout)
-        remaining = max(timeout - (time.monotonic() - started), 0.001)
-        return await self.waiter.wait(event.event_id, remaining)
+        expected = self.waiter.expect(event.event_id)
+        try:
+            await self.append(event, timeout)
+            remaining = max(timeout - (time.monotonic() - started), 0.001)
+            return await self.waiter.wait(event.event_id, remaining, expected)
+        finally:
+            self.waiter.discard(event.event_id, expected)

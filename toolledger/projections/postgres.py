@@ -49,6 +49,7 @@ from toolledger.projections.batch_sql import (
     loaded,
 )
 from toolledger.projections.facts import Fact
+from toolledger.projections.gc_pause import gc_paused
 from toolledger.projections.migrations import check_schema_name, migrate, quote_ident
 from toolledger.projections.store import (
     BatchFold,
@@ -402,6 +403,16 @@ class PostgresLedger(LedgerStore):
         items: Sequence[Positioned | DeadLetter],
     ) -> list[Verdict]:
         check_batch(partition, start_offset, next_offset, items)
+        with gc_paused():
+            return await self._apply(partition, start_offset, next_offset, items)
+
+    async def _apply(
+        self,
+        partition: int,
+        start_offset: int,
+        next_offset: int,
+        items: Sequence[Positioned | DeadLetter],
+    ) -> list[Verdict]:
         async with self._db.acquire() as conn:
             if len(items) <= SMALL_BATCH:
                 return await self._apply_small(conn, (partition, start_offset, next_offset), items)
@@ -517,21 +528,28 @@ class PostgresLedger(LedgerStore):
         ]
 
     async def snapshot(self) -> LedgerSnapshot:
-        # One repeatable-read transaction: the four reads see one consistent ledger.
-        async with (
-            self._db.acquire() as conn,
-            conn.transaction(isolation="repeatable_read", readonly=True),
-        ):
-            calls = await conn.fetch(_ALL_CALLS)
-            runs = await conn.fetch(_ALL_RUNS)
-            history = await conn.fetch(_ALL_HISTORY)
-            dead = await conn.fetchval("SELECT count(*) FROM dead_letters")
-        return LedgerSnapshot(
-            calls={r["key"]: CallRecord.model_validate(dict(r)) for r in calls},
-            runs={r["run_id"]: RunRecord.model_validate(dict(r)) for r in runs},
-            history=[HistoryEntry.model_validate(dict(r)) for r in history],
-            dead_letters=int(dead),
-        )
+        # One repeatable-read transaction: the four reads see one consistent ledger. The whole
+        # ledger becomes objects at once, which is what `gc_paused` is for.
+        with gc_paused():
+            async with (
+                self._db.acquire() as conn,
+                conn.transaction(isolation="repeatable_read", readonly=True),
+            ):
+                calls = await conn.fetch(_ALL_CALLS)
+                runs = await conn.fetch(_ALL_RUNS)
+                history = await conn.fetch(_ALL_HISTORY)
+                dead = await conn.fetchval("SELECT count(*) FROM dead_letters")
+            return LedgerSnapshot(
+                calls={r["key"]: CallRecord.model_validate(dict(r)) for r in calls},
+                runs={r["run_id"]: RunRecord.model_validate(dict(r)) for r in runs},
+                history=[HistoryEntry.model_validate(dict(r)) for r in history],
+                dead_letters=int(dead),
+            )
+
+    async def digest(self) -> str:
+        # The same digest as the port's; hashing every row of a snapshot allocates as much again.
+        with gc_paused():
+            return (await self.snapshot()).digest()
 
     async def facts_since(self, partition: int, offset: int, limit: int) -> list[Fact]:
         rows = await self._db.fetch(_FACTS, partition, offset, limit)

@@ -36,7 +36,8 @@ from toolledger.events.log import (
 from toolledger.events.models import Event
 from toolledger.events.records import Verdict
 from toolledger.projections.dberrors import DATABASE_ERRORS
-from toolledger.projections.facts import FactsPublisher, facts_of
+from toolledger.projections.facts import Fact, FactsPublisher, facts_of
+from toolledger.projections.gc_pause import gc_paused
 from toolledger.projections.ownership import PartitionLocks
 from toolledger.projections.store import LedgerStore, OffsetConflict
 
@@ -80,6 +81,13 @@ def decode_records(
 
     Shared by the projector and replay so both fold exactly the same items.
     """
+    with gc_paused():
+        return _decode_records(partition, records, start, decode)
+
+
+def _decode_records(
+    partition: int, records: Sequence[LogRecord], start: int, decode: Callable[[bytes], Event]
+) -> DecodedBatch:
     batch = DecodedBatch(items=[], dead=[], next_offset=start)
     for record in records:
         if record.offset < batch.next_offset:
@@ -164,6 +172,7 @@ class Projector:
         self._reader: LogReader | None = None
         self._stopping = asyncio.Event()
         self._next_ownership = 0.0
+        self._facts_in_flight: asyncio.Task[None] | None = None
 
     @property
     def owned(self) -> dict[int, int]:
@@ -187,10 +196,15 @@ class Projector:
                     await self._lost_database(exc)
             if self._identity_failure is not None:
                 raise self._identity_failure
+            await self._facts_sent()
         finally:
             watch.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watch
+            if self._facts_in_flight is not None:  # stopped by an error: at least once covers it
+                self._facts_in_flight.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await self._facts_sent()
             await self._reader.close()
             await self.locks.close()
 
@@ -239,6 +253,8 @@ class Projector:
     async def step(self) -> int:
         """One ownership check (when due) and one fetch-and-apply; returns events applied."""
         assert self._reader is not None and self._identity is not None
+        if self._facts_in_flight is not None and self._facts_in_flight.done():
+            await self._facts_sent()  # a publishing failure surfaces here, within a fetch wait
         now = time.monotonic()
         if now >= self._next_ownership:
             self._next_ownership = now + self.ownership_interval
@@ -291,6 +307,11 @@ class Projector:
         await self.store.bind_log(identity)
 
     async def _apply(self, partition: int, records: list[LogRecord]) -> int:
+        # Decoding, folding and the facts' JSON allocate heavily and make almost no cycles.
+        with gc_paused():
+            return await self._apply_records(partition, records)
+
+    async def _apply_records(self, partition: int, records: list[LogRecord]) -> int:
         start = self._owned[partition]
         batch = decode_records(partition, records, start, self.decode)
         verdicts: list[Verdict] = []
@@ -312,10 +333,8 @@ class Projector:
             self.stats.dead_letters += len(batch.dead)
             self.stats.batches += 1
             if self.facts is not None:
-                await self.facts.publish(facts_of(batch.items, verdicts))
-                if self.facts.mark_due(partition):
-                    await self.store.mark_facts_published(partition, batch.next_offset)
-            if self.on_verdicts is not None and verdicts:
+                await self._publish_facts(partition, batch.items, verdicts, batch.next_offset)
+            elif self.on_verdicts is not None and verdicts:
                 await self.on_verdicts(partition, verdicts)
         if batch.halted is not None:
             log.error(batch.halted)
@@ -323,10 +342,54 @@ class Projector:
             await self._assign()
         return len(verdicts)
 
+    async def _publish_facts(
+        self,
+        partition: int,
+        items: Sequence[Positioned | DeadLetter],
+        verdicts: list[Verdict],
+        next_offset: int,
+    ) -> None:
+        """Publish a committed batch's facts while the next batch is fetched and applied.
+
+        Waiting for Kafka to acknowledge every fact before fetching again made the projector's
+        cycle the sum of applying and publishing; now it is the larger of the two. One batch's
+        facts are in flight at a time: the next batch's wait for them, which keeps facts in log
+        order and bounds what is in flight. The published mark moves only after a batch's facts
+        are acknowledged, so a crash republishes from the mark (at least once, as before), and
+        `on_verdicts` still hears of verdicts only once their facts are out. A failure to publish
+        stops the projector as it did before (from the next step); the next owner republishes.
+        """
+        await self._facts_sent()
+        facts = facts_of(items, verdicts)
+        self._facts_in_flight = asyncio.create_task(
+            self._send_facts(partition, facts, verdicts, next_offset),
+            name="toolledger-facts",
+        )
+
+    async def _send_facts(
+        self, partition: int, facts: list[Fact], verdicts: list[Verdict], next_offset: int
+    ) -> None:
+        assert self.facts is not None
+        await self.facts.publish(facts)
+        if self.facts.mark_due(partition):
+            try:
+                await self.store.mark_facts_published(partition, next_offset)
+            except DATABASE_ERRORS as exc:  # a stale mark only means more republishing later
+                log.warning("could not record the facts published (%s)", exc)
+        if self.on_verdicts is not None and verdicts:
+            await self.on_verdicts(partition, verdicts)
+
+    async def _facts_sent(self) -> None:
+        """Wait for the facts in flight; raises what publishing them raised."""
+        task, self._facts_in_flight = self._facts_in_flight, None
+        if task is not None:
+            await task
+
     async def _catch_up_facts(self, partition: int, next_offset: int) -> None:
         """Republish facts a previous owner committed but may not have published (at least once)."""
         if self.facts is None:
             return
+        await self._facts_sent()
         published = await self.store.facts_published(partition)
         while published < next_offset:
             facts = await self.store.facts_since(partition, published, limit=self.batch_size)

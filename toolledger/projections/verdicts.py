@@ -6,6 +6,11 @@ commit) only says "look now". Every pending event_id is re-read from `verdicts` 
 the listener reconnects, and every 50 ms regardless, so a lost notification or a killed LISTEN
 connection costs at most one poll interval, never a verdict. One LISTEN connection serves every
 waiter of the process; one query reads all pending event_ids at once.
+
+A command registers its event_id (`expect`) before appending the event, so no hint for it can
+arrive before its waiter: its wait then needs no read of its own, and under load the waiter reads
+once per hint or tick for everybody instead of once more per new waiter. A `wait` without a prior
+`expect` (an event appended earlier, whose verdict may be in the table already) reads at once.
 """
 
 from __future__ import annotations
@@ -74,12 +79,36 @@ class VerdictWaiter:
         if event_id is None or event_id in self._pending:
             self._wake.set()
 
-    async def wait(self, event_id: uuid.UUID, timeout: float) -> Verdict:
-        """The verdict of `event_id`; `LedgerUnavailable` if none within `timeout` seconds."""
-        await self.start()
+    def expect(self, event_id: uuid.UUID) -> asyncio.Future[Verdict]:
+        """Register for `event_id`'s verdict before its event is appended; pass the result to
+        `wait`, and to `discard` if the event is never appended."""
         fut: asyncio.Future[Verdict] = asyncio.get_running_loop().create_future()
         self._pending.setdefault(event_id, []).append(fut)
-        self._wake.set()
+        return fut
+
+    def discard(self, event_id: uuid.UUID, fut: asyncio.Future[Verdict]) -> None:
+        """Drop a registration nobody waits on any more (done or not)."""
+        futures = self._pending.get(event_id)
+        if futures is not None and fut in futures:
+            futures.remove(fut)
+            if not futures:
+                del self._pending[event_id]
+
+    async def wait(
+        self,
+        event_id: uuid.UUID,
+        timeout: float,
+        expected: asyncio.Future[Verdict] | None = None,
+    ) -> Verdict:
+        """The verdict of `event_id`; `LedgerUnavailable` if none within `timeout` seconds.
+
+        `expected` is this event's registration from `expect`, made before it was appended.
+        """
+        await self.start()
+        fut = expected
+        if fut is None:
+            fut = self.expect(event_id)
+            self._wake.set()
         try:
             async with asyncio.timeout(timeout):
                 return await asyncio.shield(fut)
@@ -89,11 +118,7 @@ class VerdictWaiter:
                 "PostgreSQL is down or behind"
             ) from None
         finally:
-            futures = self._pending.get(event_id)
-            if futures is not None and fut in futures:
-                futures.remove(fut)
-                if not futures:
-                    del self._pending[event_id]
+            self.discard(event_id, fut)
 
     async def _loop(self) -> None:
         while True:

@@ -8,6 +8,9 @@ rules of ARCHITECTURE.md that must not drift apart:
 - **An outcome's verdict is awaited without giving up.** Once a tool has run, its outcome is in
   the log; the runtime may wait a long time for the projector, but it never reports a guess.
   Only closing the ledger ends the wait.
+
+Reads go through the stack's `CallReads` (`toolledger.projections.reads`): with many runs in
+flight, the reads asked while one is under way share the next query.
 """
 
 from __future__ import annotations
@@ -62,7 +65,7 @@ class LedgerAccess:
     async def read_call(self, key: str) -> CallRecord | None:
         """The key's record; `LedgerUnavailable` (nothing ran) if the store cannot be read."""
         try:
-            return await self.stack.store.get_call(key)
+            return await self.stack.call_reads.get(key)
         except DATABASE_ERRORS as exc:
             raise LedgerUnavailable(
                 f"cannot read the ledger record of {key} ({exc}); the call was not attempted. "

@@ -1,0 +1,105 @@
+"""What the runtime benchmarks share: a no-op external tool and a `Ledger` on scratch services.
+
+The runtime benchmarks (`runtime_overhead`, `fast_path`, `throughput`) measure `Ledger.call`
+itself, so the tool does nothing: whatever a call costs is the ledger's. The ledger runs as in
+production: this process is the runtime (`LedgerStack.connect`, no projector), and the projector
+is a `toolledger projector` process of its own, started on a fresh schema and topics and stopped
+(by pid) when the benchmark ends. A run's first reservation waits for that process to start and
+take its partitions, so `running_ledger` makes one call before it hands the ledger over.
+`facts=False` runs `benchmarks._projector_proc --no-facts` instead: the same projector without
+publishing facts, to show what publishing costs (a diagnostic, not a configuration).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import resource
+import shutil
+import tempfile
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks._support import Scratch, start_process, stop_process
+from toolledger import Ledger, ToolContext, Toolset, external
+from toolledger.stack import LedgerStack
+
+#: Partitions of the events topic the runtime benchmarks create (see BENCHMARKS.md).
+PARTITIONS = 4
+#: The first verdict waits for the projector process to start and take its partitions.
+STARTUP_TIMEOUT = 60.0
+
+bench = Toolset("bench")
+#: How often the no-op tool ran, so a benchmark can check every call ran it exactly once.
+RUNS = {"noop": 0}
+
+
+@bench.tool(external())
+async def noop(n: int, context: ToolContext) -> int:
+    """An external tool with no effect: it returns its argument."""
+    RUNS["noop"] += 1
+    return n
+
+
+@dataclass
+class RunningLedger:
+    """A ledger whose projector is a process, and where its schema and topics are."""
+
+    ledger: Ledger
+    stack: LedgerStack
+    schema: str
+    partitions: int
+    projector_pid: int
+
+    def cpu_seconds(self) -> tuple[float, float | None]:
+        """CPU time (user + system) used so far by this process (the runtime) and by the
+        projector process (None where /proc cannot tell)."""
+        own = resource.getrusage(resource.RUSAGE_SELF)
+        return own.ru_utime + own.ru_stime, process_cpu_seconds(self.projector_pid)
+
+
+def process_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of process `pid` from /proc (Linux), or None."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@contextlib.asynccontextmanager
+async def running_ledger(
+    scratch: Scratch, label: str, *, partitions: int = PARTITIONS, facts: bool = True
+) -> AsyncIterator[RunningLedger]:
+    """A `Ledger` on a fresh schema and topics, with a `toolledger projector` process behind it,
+    warmed up by one call; everything is stopped when the block ends (the schema and topics are
+    dropped by `scratch.cleanup`)."""
+    schema = scratch.schema(label)
+    topics = scratch.topics(label)
+    settings = scratch.settings(schema, topics, partitions=partitions)
+    home = Path(tempfile.mkdtemp(prefix="toolledger-bench-"))
+    stack = await LedgerStack.connect(settings)
+    projector: asyncio.subprocess.Process | None = None
+    try:
+        command = ["-m", "toolledger", "projector", "--status-every", "3600"]
+        if not facts:
+            command = ["-m", "benchmarks._projector_proc", "--no-facts"]
+        projector = await start_process(
+            command,
+            scratch.env(schema, topics, partitions=partitions),
+            home / "projector.log",
+        )
+        ledger = Ledger.from_stack(stack, verdict_timeout=STARTUP_TIMEOUT)
+        await ledger.call(
+            noop, run_id="warmup", tool_call_id="c0", tenant_id="bench", arguments={"n": 0}
+        )
+        yield RunningLedger(ledger, stack, schema, partitions, projector.pid)
+        await ledger.wait_background(10)
+    finally:
+        if projector is not None:
+            await stop_process(projector)
+        await stack.close()
+        shutil.rmtree(home, ignore_errors=True)

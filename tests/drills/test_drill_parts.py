@@ -1,0 +1,243 @@
+"""The drill's parts on their own: each check catches the violation it names, the scripted
+model is a function of its transcript, kill plans parse, billing's void is forever.
+
+A check that cannot fail proves nothing, so every check of `toolledger.drill.checks` is shown
+here to fail on a ledger that breaks its guarantee, and to pass on one that keeps it.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections import Counter
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from toolledger.drill.billing import DrillBilling, Effect, KeyVoided
+from toolledger.drill.checks import Check, Evidence, Refold, judge
+from toolledger.drill.killpoints import KillPlan
+from toolledger.drill.model import TENANT, next_turn, tool_for
+from toolledger.drill.operator import ListingChecks
+from toolledger.events.fold import HistoryEntry
+from toolledger.events.records import CallRecord, RunRecord
+from toolledger.projections.store import LedgerSnapshot
+from toolledger.runtime.runs import FinalAnswer
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def test_the_model_retries_a_failed_step_with_a_new_call_id_and_then_names_every_credit() -> None:
+    """A run resumed anywhere must get the same next step: the answer depends only on the
+    transcript (a failed call is retried under a new id; done, it lists the credits)."""
+    first = next_turn("r1", 2, [{"role": "user", "content": "go"}])
+    assert isinstance(first, list) and [c.id for c in first] == ["s0"]
+    assert first[0].tool == tool_for("r1", 0)
+    assert first[0].arguments["memo"] == "r1/s0"
+    failed = [{"role": "tool", "tool_call_id": "s0", "status": "failed", "content": '"x"'}]
+    retry = next_turn("r1", 2, failed)
+    assert isinstance(retry, list) and [c.id for c in retry] == ["s0r1"]
+    done = [
+        *failed,
+        {
+            "role": "tool",
+            "tool_call_id": "s0r1",
+            "status": "completed",
+            "content": '{"credit_id": "a"}',
+        },
+        {
+            "role": "tool",
+            "tool_call_id": "s1",
+            "status": "completed",
+            "content": '{"credit_id": "b"}',
+        },
+    ]
+    answer = next_turn("r1", 2, done)
+    assert isinstance(answer, FinalAnswer) and answer.text.endswith(": a, b")
+    assert next_turn("r1", 2, done) == answer
+
+
+def test_kill_plans_round_trip_and_refuse_unknown_points() -> None:
+    plan = KillPlan("response_lost", 3)
+    assert KillPlan.parse(plan.encode()) == plan
+    assert KillPlan.parse("none") == KillPlan()
+    for bad in ("nowhere:1", "model:0", "model"):
+        with pytest.raises(ValueError, match="expected none or POINT:N"):
+            KillPlan.parse(bad)
+
+
+def test_billing_makes_one_credit_per_key_and_a_void_is_forever(tmp_path: Path) -> None:
+    """The judge of "one effect": a repeated key gets the first credit back (and is counted),
+    and a key voided by a lookup that found nothing can never be charged afterwards."""
+    billing = DrillBilling(tmp_path / "billing.db")
+    first = billing.credit("a", 100, "r1/s0", key="r1:s0")
+    assert billing.credit("a", 100, "r1/s0", key="r1:s0") == first
+    assert billing.lookup("r1:s0", void=True) == first
+    assert billing.lookup("r1:s1", void=False) is None
+    assert billing.lookup("r1:s1", void=True) is None
+    with pytest.raises(KeyVoided, match="voided"):
+        billing.credit("a", 101, "r1/s1", key="r1:s1")
+    assert [e.key for e in billing.effects()] == ["r1:s0"]
+    assert billing.requests() == {
+        "r1:s0": Counter(credited=1, replayed=1),
+        "r1:s1": Counter(refused=1),
+    }
+    assert billing.voided() == {"r1:s1"}
+
+
+# -- the checks --------------------------------------------------------------------------------
+
+
+def _call(
+    key: str, status: str, credit: str | None = None, settled_by: str = "runtime"
+) -> CallRecord:
+    run_id, _, call_id = key.partition(":")
+    return CallRecord(
+        key=key,
+        run_id=run_id,
+        tool_call_id=call_id,
+        tenant_id=TENANT,
+        tool="drill.charge",
+        effect="external",
+        status=status,
+        version=2,
+        reservation_id=uuid.uuid4(),
+        args_digest="d",
+        arguments_json="{}",
+        requires_approval=False,
+        deadline=T0 + timedelta(seconds=1),
+        result_json=None if credit is None else json.dumps({"credit_id": credit}),
+        settled_by=settled_by,
+        created_at=T0,
+        updated_at=T0,
+    )
+
+
+def _entry(key: str, offset: int, event_type: str, event: dict[str, object]) -> HistoryEntry:
+    return HistoryEntry(
+        key=key,
+        event_id=uuid.uuid4(),
+        event_type=event_type,
+        partition=0,
+        offset=offset,
+        accepted=True,
+        reason="accepted",
+        detail="",
+        occurred_at=T0,
+        actor="runtime:h/1",
+        version=1,
+        event_json=json.dumps(event),
+    )
+
+
+def _healthy() -> Evidence:
+    """One finished run of two steps: step 0 failed once (no effect) and was retried."""
+    calls = {
+        "r1:s0": _call("r1:s0", "failed", settled_by="reconcile"),
+        "r1:s0r1": _call("r1:s0r1", "completed", "cr_a"),
+        "r1:s1": _call("r1:s1", "completed", "cr_b"),
+    }
+    history = [_entry(key, n, "call_reserved", {}) for n, key in enumerate(calls, start=1)] + [
+        _entry("r1", 9, "run_finished", {"detail": "charged acct-r1 2 times: cr_a, cr_b"})
+    ]
+    snapshot = LedgerSnapshot(
+        calls=calls,
+        runs={"r1": RunRecord(run_id="r1", tenant_id=TENANT, version=5, status="completed")},
+        history=history,
+        dead_letters=0,
+    )
+    return Evidence(
+        snapshot=snapshot,
+        effects=[Effect("r1:s0r1", "cr_a", "r1/s0"), Effect("r1:s1", "cr_b", "r1/s1")],
+        requests={"r1:s0r1": Counter(credited=1), "r1:s1": Counter(credited=1)},
+        runs=["r1"],
+        calls=2,
+        tenant=TENANT,
+        reconciler_pids=set(),
+        listing=ListingChecks(passes=3, judged=4),
+        unsettled_at_end=set(),
+        listed_at_end=set(),
+        refold=Refold("abc", "abc", 4, []),
+        poison=[],
+        kills=1,
+        kills_requested=1,
+        unattributed_kills=0,
+        errors=[],
+    )
+
+
+def _failed(evidence: Evidence) -> set[str]:
+    checks: list[Check] = judge(evidence)[0]
+    return {c.name for c in checks if not c.ok}
+
+
+def test_a_ledger_that_keeps_its_guarantees_passes_every_check() -> None:
+    evidence = _healthy()
+    assert _failed(evidence) == set()
+    tally = judge(evidence)[1]
+    assert (tally.keys, tally.completed, tally.failed, tally.duplicates) == (3, 2, 1, 0)
+    assert tally.unknowns == 1  # the reconciled one
+
+
+def test_a_second_charge_of_one_step_under_a_new_key_is_a_duplicate_effect() -> None:
+    """The idempotency key cannot stop a run that retried a step whose first call took effect
+    (the ledger said failed while billing had the credit): only the memo shows it."""
+    evidence = _healthy()
+    evidence.effects.append(Effect("r1:s0", "cr_z", "r1/s0"))
+    evidence.requests = {**evidence.requests, "r1:s0": Counter(credited=1)}
+    assert _failed(evidence) == {
+        "at most one external effect per key and per step",
+        "exactly one effect for every call of a finished run",
+        "the ledger tells the truth about effects",
+    }
+
+
+def test_a_completed_call_that_reached_billing_twice_ran_twice() -> None:
+    evidence = _healthy()
+    evidence.requests = {**evidence.requests, "r1:s1": Counter(credited=1, replayed=1)}
+    assert _failed(evidence) == {"no completed call ran twice"}
+
+
+def test_a_request_without_a_ledger_record_or_an_event_applied_twice_is_caught() -> None:
+    evidence = _healthy()
+    evidence.requests = {**evidence.requests, "r1:ghost": Counter(credited=1)}
+    assert "exactly one ledger record per key" in _failed(evidence)
+    evidence = _healthy()
+    history = evidence.snapshot.history
+    twice = replace(
+        evidence.snapshot, history=[*history, history[0].model_copy(update={"offset": 20})]
+    )
+    evidence.snapshot = twice
+    assert _failed(evidence) == {"exactly one ledger record per key"}
+
+
+def test_an_unsettled_call_missing_from_the_operator_listing_is_a_violation() -> None:
+    evidence = _healthy()
+    evidence.listing.missing.add("r1:s2")
+    assert _failed(evidence) == {"every unsettled call listed by the operator API"}
+    evidence = _healthy()
+    evidence.unsettled_at_end = {"r1:s2"}
+    assert _failed(evidence) == {"every unsettled call listed by the operator API"}
+
+
+def test_a_ledger_that_a_refold_does_not_reproduce_is_a_violation() -> None:
+    evidence = _healthy()
+    evidence.refold = Refold("abc", "abd", 4, [])
+    assert _failed(evidence) == {"the ledger equals a re-fold of the log"}
+
+
+def test_a_model_told_another_credit_than_billing_made_is_a_violation() -> None:
+    evidence = _healthy()
+    runs = evidence.snapshot.history
+    told = [*runs[:-1], _entry("r1", 9, "run_finished", {"detail": "charged: cr_a, cr_x"})]
+    evidence.snapshot = replace(evidence.snapshot, history=told)
+    assert _failed(evidence) == {"exactly one effect for every call of a finished run"}
+
+
+def test_an_unfinished_run_and_too_few_kills_are_violations() -> None:
+    evidence = _healthy()
+    evidence.snapshot.runs["r1"] = RunRecord(run_id="r1", tenant_id=TENANT, version=5)
+    evidence.kills = 0
+    assert {"every run finished", "runtime kills as requested"} <= _failed(evidence)

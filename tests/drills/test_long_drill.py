@@ -1,0 +1,32 @@
+"""The long drill, `toolledger drill --runs 1000 --kills 2000`: behind `pytest --drills`.
+
+It is the CI drill twenty times over (about half an hour on a two-core machine); docs/DRILLS.md
+has the summary table of a run. `TOOLLEDGER_DRILL_SEED` picks the seed.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from toolledger.devstack import Services
+from toolledger.drill.run import DrillConfig, run_drill
+from toolledger.drill.summary import plain_summary
+
+SEED = int(os.environ.get("TOOLLEDGER_DRILL_SEED", "1"))
+
+
+@pytest.mark.drill
+@pytest.mark.timeout(4 * 3600)
+async def test_the_long_drill_keeps_every_guarantee_through_two_thousand_kills(
+    dev_services: Services, tmp_path: Path
+) -> None:
+    """Rare interleavings need many kills to show up: 2000 of them, over 1000 runs."""
+    home = tmp_path / "drill"
+    config = DrillConfig(runs=1000, calls=5, kills=2000, seed=SEED, home=home, timeout=3 * 3600)
+    report = await run_drill(config, services=dev_services)
+    summary = plain_summary(report)
+    print(summary)
+    assert report.ok, f"drill with seed {SEED} violated its checks (logs in {home}):\n{summary}"

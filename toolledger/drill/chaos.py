@@ -1,0 +1,230 @@
+"""What a drill does to the ledger's own processes while the runs go on.
+
+Each kind of trouble is a loop that strikes at random (seeded) intervals until the drill says
+stop. Projector troubles take turns (one at a time), so there is always a projector able to
+take over, which is the deployment the drill checks (two projector processes):
+
+- **projector kill**: SIGKILL one of the two projectors, preferably while it is inside a batch
+  transaction past its offset compare-and-set (it is watched for up to a second for that), and
+  start a fresh one. The survivor takes the partitions over within a second.
+- **zombie projector**: SIGSTOP one that owns partitions, end all its server sessions (what
+  PostgreSQL does to a client that stopped answering), wait until the other owns everything,
+  then SIGCONT it: it must stand down and write nothing.
+- **reconciler kill**: SIGKILL the reconciler and start another, which recovers its table from
+  the changelog.
+- **LISTEN kill**: end a runtime worker's LISTEN session; its waiters must still get verdicts.
+- **poison**: append bytes no reader can decode, under their own run ids: they must land in
+  the dead letters and quarantine those runs, and nothing else.
+- **PostgreSQL restart** (private server only): `pg_ctl restart` mid-drill.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import re
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from toolledger.drill.ledgerdb import LedgerDB
+from toolledger.drill.procs import Proc, Procs
+from toolledger.drill.services import PrivatePostgres
+from toolledger.events.log import EventLog, LogError
+
+log = logging.getLogger("toolledger.drill")
+
+#: What a resumed zombie projector logs when it finds it lost its partitions.
+STOOD_DOWN = re.compile(r"lost the partition locks|another projector took this partition over")
+
+
+@dataclass
+class ChaosTally:
+    projector_kills: Counter[str] = field(default_factory=Counter)
+    zombies: int = 0
+    zombies_stood_down: int = 0
+    reconciler_kills: int = 0
+    listen_kills: int = 0
+    poison: list[str] = field(default_factory=list)
+    postgres_restarts: int = 0
+
+
+class Chaos:
+    """The drill's projectors and reconciler, and the loops that trouble them."""
+
+    def __init__(
+        self,
+        procs: Procs,
+        db: LedgerDB,
+        events: EventLog,
+        rng: random.Random,
+        *,
+        reconciler_args: list[str],
+        postgres: PrivatePostgres | None,
+    ) -> None:
+        self.procs = procs
+        self.db = db
+        self.events = events
+        self.rng = rng
+        self.reconciler_args = reconciler_args
+        self.postgres = postgres
+        self.tally = ChaosTally()
+        self.projectors: list[Proc] = []
+        self.reconciler: Proc | None = None
+        self.reconciler_pids: set[int] = set()
+        self.stopping = asyncio.Event()
+        self._projector_turn = asyncio.Lock()
+        self.errors: list[str] = []
+        self._started = 0
+
+    # -- processes -----------------------------------------------------------------------------
+
+    def start_projector(self) -> Proc:
+        self._started += 1
+        proc = self.procs.python(
+            f"projector-{self._started}", "toolledger", "projector", "--status-every", "1"
+        )
+        self.projectors.append(proc)
+        return proc
+
+    def start_reconciler(self) -> Proc:
+        self._started += 1
+        proc = self.procs.python(
+            f"reconciler-{self._started}", "toolledger", "reconciler", *self.reconciler_args
+        )
+        self.reconciler = proc
+        self.reconciler_pids.add(proc.pid)
+        return proc
+
+    def keep_projectors(self, count: int = 2) -> None:
+        """Replace projectors that exited on their own (a crash is logged, not hidden)."""
+        for proc in [p for p in self.projectors if not p.alive()]:
+            log.warning("%s exited with %s; starting another", proc.name, proc.returncode)
+            self.projectors.remove(proc)
+        while len(self.projectors) < count:
+            self.start_projector()
+
+    # -- loops ---------------------------------------------------------------------------------
+
+    async def pause(self, seconds: float) -> bool:
+        """Sleep `seconds`; False once the drill is stopping."""
+        try:
+            await asyncio.wait_for(self.stopping.wait(), seconds)
+        except TimeoutError:
+            return True
+        return False
+
+    async def every(self, mean: float, action: Callable[[], Awaitable[None]]) -> None:
+        """Run `action` every `mean` seconds on average (0: never): half of it fixed, half
+        exponentially distributed, so strikes are random but never pile up."""
+        if mean <= 0:
+            return
+        while await self.pause(mean / 2 + self.rng.expovariate(2 / mean)):
+            try:
+                await action()
+            except (TimeoutError, LogError, OSError) as exc:
+                log.warning("chaos action %s failed: %s", getattr(action, "__name__", "?"), exc)
+            except Exception as exc:  # a bug of the drill's own: report it, keep drilling
+                log.exception("chaos action %s crashed", getattr(action, "__name__", "?"))
+                self.errors.append(f"chaos action {getattr(action, '__name__', '?')}: {exc!r}")
+
+    async def tend(self) -> None:
+        """Replace projectors that exited on their own, and a reconciler that did."""
+        async with self._projector_turn:
+            self.keep_projectors()
+        if self.reconciler is not None and not self.reconciler.alive():
+            log.warning(
+                "the reconciler exited with %s; starting another", self.reconciler.returncode
+            )
+            self.start_reconciler()
+
+    def _up(self, proc: Proc) -> bool:
+        """Whether a projector finished starting (it logged what it owns at least once)."""
+        return proc.alive() and "owns [" in proc.output()
+
+    async def kill_projector(self) -> None:
+        async with self._projector_turn:
+            self.keep_projectors()
+            if not all(self._up(p) for p in self.projectors):
+                return  # one is still starting: killing the other would leave none
+            victim = self.rng.choice(self.projectors)
+            ports = victim.local_ports()
+            caught = False
+            for _ in range(200):  # about a second of looking for an open batch transaction
+                if not ports or await self.db.in_batch(ports):
+                    caught = bool(ports)
+                    break
+                await asyncio.sleep(0.003)
+            victim.kill()
+            self.tally.projector_kills["inside a batch" if caught else "between batches"] += 1
+            self.projectors.remove(victim)
+            self.start_projector()
+
+    async def zombie_projector(self) -> None:
+        async with self._projector_turn:
+            self.keep_projectors()
+            owners = await self.db.lock_owners()
+            candidates = [p for p in self.projectors if p.pid in owners.values()]
+            if not candidates or not all(self._up(p) for p in self.projectors):
+                return
+            victim = self.rng.choice(candidates)
+            survivor = next(p for p in self.projectors if p is not victim)
+            mark = len(victim.output())
+            victim.freeze()
+            try:
+                await self.db.terminate(
+                    [f"toolledger-{kind}-{victim.pid}" for kind in ("store", "locks", "listen")]
+                )
+                for _ in range(100):
+                    owners = await self.db.lock_owners()
+                    if owners and set(owners.values()) == {survivor.pid}:
+                        break
+                    await asyncio.sleep(0.1)
+                await asyncio.sleep(self.rng.uniform(0.2, 1.5))
+            finally:
+                victim.thaw()
+            self.tally.zombies += 1
+            for _ in range(150):
+                if not victim.alive() or STOOD_DOWN.search(victim.output(), mark):
+                    self.tally.zombies_stood_down += 1
+                    break
+                await asyncio.sleep(0.1)
+
+    async def kill_reconciler(self) -> None:
+        if self.reconciler is not None:
+            self.reconciler.kill()
+            self.tally.reconciler_kills += 1
+        self.start_reconciler()
+
+    async def kill_listen(self, workers: Callable[[], list[Proc]]) -> None:
+        live = [w for w in workers() if w.alive()]
+        if live:
+            victim = self.rng.choice(live)
+            self.tally.listen_kills += await self.db.terminate([f"toolledger-listen-{victim.pid}"])
+
+    async def poison(self, count: int, within: float) -> None:
+        """Append `count` undecodable records at random moments of the first `within` s."""
+        moments = sorted(self.rng.uniform(0.5, within) for _ in range(count))
+        waited = 0.0
+        for i, at in enumerate(moments):
+            if not await self.pause(at - waited):
+                return
+            waited = at
+            run_id = f"poison-{i}"
+            await self.events.append(run_id, b"\x00drill poison " + os.urandom(16))
+            self.tally.poison.append(run_id)
+
+    async def restart_postgres(self, count: int, within: float) -> None:
+        """`pg_ctl restart` the private server `count` times in the first `within` s."""
+        if self.postgres is None or count <= 0:
+            return
+        moments = sorted(self.rng.uniform(3.0, within) for _ in range(count))
+        waited = 0.0
+        for at in moments:
+            if not await self.pause(at - waited):
+                return
+            waited = at
+            await asyncio.to_thread(self.postgres.restart)
+            self.tally.postgres_restarts += 1

@@ -1,0 +1,353 @@
+"""The checks after a drill: what the ledger, the billing system and the log must agree on.
+
+Each check names the guarantee it is evidence for. They read three independent witnesses: the
+ledger's final snapshot (records, runs, history), the billing system's own tables (effects and
+every request, `toolledger.drill.billing`), and a re-fold of the log into a fresh schema. What
+billing can prove is limited to what reached it: a request that never arrived leaves no trace,
+which is why "no completed call ran twice" counts requests (every arrival) and not only credits
+(which the idempotency key already dedups), and why "one effect per step" groups credits by the
+memo the model put in the arguments, so a second charge under a new key is caught too.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from toolledger.drill.billing import Effect
+from toolledger.drill.model import memo, step_of
+from toolledger.drill.operator import ListingChecks
+from toolledger.events.fold import HistoryEntry
+from toolledger.events.records import UNSETTLED, CallRecord
+from toolledger.projections.store import LedgerSnapshot
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+@dataclass(frozen=True)
+class Refold:
+    """The live ledger against a re-fold of the log up to the live offsets."""
+
+    live_digest: str
+    replay_digest: str
+    events: int
+    differences: list[str]
+
+    @property
+    def identical(self) -> bool:
+        return not self.differences and self.live_digest == self.replay_digest
+
+
+@dataclass
+class Evidence:
+    """Everything the checks read."""
+
+    snapshot: LedgerSnapshot
+    effects: list[Effect]
+    requests: Mapping[str, Counter[str]]
+    runs: list[str]
+    calls: int
+    tenant: str
+    reconciler_pids: set[int]
+    listing: ListingChecks
+    unsettled_at_end: set[str]
+    listed_at_end: set[str]
+    refold: Refold
+    poison: list[str]
+    kills: int
+    kills_requested: int
+    unattributed_kills: int
+    errors: list[str]
+    zombies: int = 0
+    zombies_stood_down: int = 0
+
+
+@dataclass
+class Tally:
+    """The numbers of the summary table that come from the witnesses."""
+
+    keys: int = 0
+    completed: int = 0
+    failed: int = 0
+    effects: int = 0
+    requests: int = 0
+    refused: int = 0
+    duplicates: int = 0
+    #: Calls the ledger did not learn the outcome of from their runtime in time: `started`
+    #: ones whose runtime died or hung, and those the runtime itself reported indeterminate.
+    unknowns: int = 0
+    indeterminate: int = 0
+    #: Who settled the unknowns: "reconciler", "resume" (a resuming runtime asking the hook),
+    #: "operator", or "late runtime" (its own runtime, after an unknown was recorded).
+    settled: Counter[str] = field(default_factory=Counter)
+    unsettled: int = 0
+
+
+def judge(ev: Evidence) -> tuple[list[Check], Tally]:
+    calls = {k: c for k, c in ev.snapshot.calls.items() if c.tenant_id == ev.tenant}
+    history: dict[str, list[HistoryEntry]] = defaultdict(list)
+    for entry in ev.snapshot.history:
+        history[entry.key].append(entry)
+    by_key: dict[str, list[Effect]] = defaultdict(list)
+    by_step: dict[str, list[Effect]] = defaultdict(list)
+    for effect in ev.effects:
+        by_key[effect.key].append(effect)
+        by_step[effect.memo].append(effect)
+    tally = _tally(ev, calls, history, by_key, by_step)
+    checks = [
+        _runs_finished(ev),
+        _one_record_per_key(ev, calls, history),
+        _at_most_one_effect(by_key, by_step, tally),
+        _one_effect_per_call_of_finished_runs(ev, calls, history, by_step),
+        _no_completed_call_ran_twice(ev, calls),
+        _effects_match_the_ledger(calls, by_key),
+        _unsettled_listed(ev),
+        _refold(ev.refold),
+        _poison(ev),
+        _kills(ev),
+        Check(
+            "no unexpected runtime errors",
+            not ev.errors,
+            f"{len(ev.errors)} errors; first: {ev.errors[0][:1500]}" if ev.errors else "none",
+        ),
+        Check(
+            "zombie projectors stood down",
+            ev.zombies_stood_down == ev.zombies,
+            f"{ev.zombies_stood_down} of {ev.zombies} reported losing their partitions or exited",
+        ),
+    ]
+    return checks, tally
+
+
+def _tally(
+    ev: Evidence,
+    calls: Mapping[str, CallRecord],
+    history: Mapping[str, list[HistoryEntry]],
+    by_key: Mapping[str, list[Effect]],
+    by_step: Mapping[str, list[Effect]],
+) -> Tally:
+    tally = Tally(keys=len(calls), effects=len(ev.effects))
+    tally.requests = sum(sum(c.values()) for c in ev.requests.values())
+    tally.refused = sum(c["refused"] for c in ev.requests.values())
+    tally.duplicates = sum(len(e) - 1 for e in by_key.values() if len(e) > 1) + sum(
+        len(e) - 1 for e in by_step.values() if len(e) > 1
+    )
+    for key, record in calls.items():
+        tally.completed += record.status == "completed"
+        tally.failed += record.status == "failed"
+        accepted = {h.event_type for h in history.get(key, []) if h.accepted}
+        tally.indeterminate += "call_indeterminate" in accepted
+        if record.status in UNSETTLED:
+            tally.unsettled += 1
+        elif record.settled_by == "operator":
+            tally.settled["operator"] += 1
+        elif record.settled_by == "reconcile":
+            tally.settled[_reconciled_by(history.get(key, []), ev.reconciler_pids)] += 1
+        elif accepted & {"call_indeterminate", "reconcile_attempted"}:
+            tally.settled["late runtime"] += 1
+        else:
+            continue
+        tally.unknowns += 1
+    return tally
+
+
+def _reconciled_by(entries: Iterable[HistoryEntry], reconciler_pids: set[int]) -> str:
+    """Who found a reconciled call's outcome: the reconciler process or a resuming runtime."""
+    for entry in reversed(list(entries)):
+        if entry.accepted and entry.actor.startswith("reconcile:"):
+            pid = entry.actor.rsplit("/", 1)[-1]
+            return "reconciler" if pid.isdigit() and int(pid) in reconciler_pids else "resume"
+    return "reconciler"
+
+
+def _runs_finished(ev: Evidence) -> Check:
+    statuses = Counter(
+        (ev.snapshot.runs[r].status if r in ev.snapshot.runs else "never started") for r in ev.runs
+    )
+    unfinished = [
+        r for r in ev.runs if r not in ev.snapshot.runs or ev.snapshot.runs[r].status != "completed"
+    ]
+    detail = ", ".join(f"{n} {s}" for s, n in sorted(statuses.items()))
+    if unfinished:
+        detail += f"; e.g. {', '.join(unfinished[:5])}"
+    return Check("every run finished", not unfinished, detail)
+
+
+def _one_record_per_key(
+    ev: Evidence, calls: Mapping[str, CallRecord], history: Mapping[str, list[HistoryEntry]]
+) -> Check:
+    problems = []
+    accepted = {
+        k for k, entries in history.items() if ":" in k and any(e.accepted for e in entries)
+    }
+    no_record = sorted(k for k in accepted if k not in ev.snapshot.calls)
+    if no_record:
+        problems.append(
+            f"{len(no_record)} keys with accepted events but no record: {no_record[:5]}"
+        )
+    ran_unreserved = sorted(k for k in ev.requests if k not in calls)
+    if ran_unreserved:
+        problems.append(
+            f"{len(ran_unreserved)} keys reached billing without a ledger record: "
+            f"{ran_unreserved[:5]}"
+        )
+    applied = Counter(h.event_id for h in ev.snapshot.history)
+    twice = [str(e) for e, n in applied.items() if n > 1]
+    if twice:
+        problems.append(f"{len(twice)} event_ids applied more than once: {twice[:3]}")
+    detail = (
+        f"{len(calls)} keys, {len(applied)} events each applied once"
+        if not problems
+        else "; ".join(problems)
+    )
+    return Check("exactly one ledger record per key", not problems, detail)
+
+
+def _at_most_one_effect(
+    by_key: Mapping[str, list[Effect]], by_step: Mapping[str, list[Effect]], tally: Tally
+) -> Check:
+    keys = sorted(k for k, e in by_key.items() if len(e) > 1)
+    steps = sorted(s for s, e in by_step.items() if len(e) > 1)
+    detail = f"{tally.duplicates} duplicate effects"
+    if keys or steps:
+        detail += f" (keys {keys[:5]}, steps {steps[:5]})"
+    return Check("at most one external effect per key and per step", not (keys or steps), detail)
+
+
+def _final_credits(entries: Iterable[HistoryEntry]) -> list[str] | None:
+    """The credit ids of the model's final answer, from the run's accepted `run_finished`."""
+    for entry in entries:
+        if entry.accepted and entry.event_type == "run_finished":
+            detail = str(json.loads(entry.event_json).get("detail", ""))
+            _, _, ids = detail.rpartition(": ")
+            return [i.strip() for i in ids.split(",") if i.strip()]
+    return None
+
+
+def _one_effect_per_call_of_finished_runs(
+    ev: Evidence,
+    calls: Mapping[str, CallRecord],
+    history: Mapping[str, list[HistoryEntry]],
+    by_step: Mapping[str, list[Effect]],
+) -> Check:
+    problems: list[str] = []
+    judged = 0
+    for run in ev.runs:
+        record = ev.snapshot.runs.get(run)
+        if record is None or record.status != "completed":
+            continue
+        told = _final_credits(history.get(run, []))
+        if told is None or len(told) != ev.calls:
+            problems.append(f"run {run}: its final answer lists {told}")
+            continue
+        for step in range(ev.calls):
+            judged += 1
+            effects = by_step.get(memo(run, step), [])
+            if len(effects) != 1:
+                problems.append(f"{memo(run, step)} has {len(effects)} effects")
+                continue
+            effect = effects[0]
+            call = calls.get(effect.key)
+            result = json.loads(call.result_json or "{}") if call is not None else {}
+            if call is None or call.status != "completed" or call.run_id != run:
+                problems.append(
+                    f"{memo(run, step)}: its credit's key {effect.key} is not completed"
+                )
+            elif step_of(call.tool_call_id) != step or result.get("credit_id") != effect.credit_id:
+                problems.append(f"{effect.key}: the ledger's result is not the credit made")
+            elif told[step] != effect.credit_id:
+                problems.append(f"{memo(run, step)}: the model was told {told[step]}")
+    detail = f"{judged} steps of finished runs: one credit each, recorded and told to the model"
+    if problems:
+        detail = f"{len(problems)} problems: {problems[:5]}"
+    return Check("exactly one effect for every call of a finished run", not problems, detail)
+
+
+def _no_completed_call_ran_twice(ev: Evidence, calls: Mapping[str, CallRecord]) -> Check:
+    twice = sorted(
+        k
+        for k, c in calls.items()
+        if c.status == "completed" and sum(ev.requests.get(k, Counter()).values()) != 1
+    )
+    replayed = sorted(k for k, c in ev.requests.items() if c["replayed"])
+    completed = sum(1 for c in calls.values() if c.status == "completed")
+    detail = f"{completed} completed calls, each reached billing exactly once"
+    if twice or replayed:
+        detail = (
+            f"completed calls reaching billing other than once: {twice[:5]}; requests for a key "
+            f"that already had its credit: {replayed[:5]}"
+        )
+    return Check("no completed call ran twice", not (twice or replayed), detail)
+
+
+def _effects_match_the_ledger(
+    calls: Mapping[str, CallRecord], by_key: Mapping[str, list[Effect]]
+) -> Check:
+    problems = []
+    for key in by_key:
+        call = calls.get(key)
+        if call is None or call.status != "completed":
+            problems.append(f"{key} took effect but the ledger says {call and call.status}")
+    for key, call in calls.items():
+        if call.status == "failed" and key in by_key:
+            problems.append(f"{key} is failed but took effect")
+    detail = "every credit's call is completed; no failed call took effect"
+    return Check(
+        "the ledger tells the truth about effects",
+        not problems,
+        detail if not problems else f"{len(problems)}: {problems[:5]}",
+    )
+
+
+def _unsettled_listed(ev: Evidence) -> Check:
+    missing_now = sorted(ev.unsettled_at_end - ev.listed_at_end)
+    missing = sorted(ev.listing.missing | set(missing_now))
+    detail = (
+        f"{ev.listing.passes} listings judged {ev.listing.judged} unsettled calls; "
+        f"{len(ev.unsettled_at_end)} unsettled at the end"
+    )
+    if missing:
+        detail += f"; missing from the listing: {missing[:5]}"
+    return Check("every unsettled call listed by the operator API", not missing, detail)
+
+
+def _refold(refold: Refold) -> Check:
+    detail = (
+        f"{refold.events} events re-folded, digest {refold.replay_digest[:16]}"
+        if refold.identical
+        else f"live {refold.live_digest[:16]} != replay {refold.replay_digest[:16]}; "
+        f"{refold.differences[:5]}"
+    )
+    return Check("the ledger equals a re-fold of the log", refold.identical, detail)
+
+
+def _poison(ev: Evidence) -> Check:
+    problems = []
+    if ev.snapshot.dead_letters != len(ev.poison):
+        problems.append(f"{ev.snapshot.dead_letters} dead letters for {len(ev.poison)} poisoned")
+    for run in ev.poison:
+        record = ev.snapshot.runs.get(run)
+        if record is None or not record.quarantined:
+            problems.append(f"{run} is not quarantined")
+    hit = [r for r in ev.runs if r in ev.snapshot.runs and ev.snapshot.runs[r].quarantined]
+    if hit:
+        problems.append(f"drill runs quarantined: {hit[:5]}")
+    detail = f"{len(ev.poison)} poisoned records dead-lettered, their runs quarantined, no other"
+    return Check(
+        "poison events dead-lettered", not problems, detail if not problems else str(problems)
+    )
+
+
+def _kills(ev: Evidence) -> Check:
+    ok = ev.kills >= ev.kills_requested and ev.unattributed_kills == 0
+    detail = f"{ev.kills} of {ev.kills_requested} requested"
+    if ev.unattributed_kills:
+        detail += f"; {ev.unattributed_kills} workers died of SIGKILL at no known point"
+    return Check("runtime kills as requested", ok, detail)

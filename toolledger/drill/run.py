@@ -1,0 +1,450 @@
+"""One drill from start to verdict: set up, drive and trouble the runs, quiesce, check, clean up.
+
+A drill owns a fresh PostgreSQL schema and topic prefix, two projector processes, a reconciler
+process, the runtime workers the dispatcher starts, and the drill's operator (in this process).
+When every run has finished it stops the troubles and the reconciler, makes sure everything
+appended has been projected (a sentinel event per partition: once its verdict exists, every
+earlier record of that partition was folded, which end offsets cannot promise), stops the
+projectors so nothing moves, and hands the witnesses to `toolledger.drill.checks`.
+
+With `broker_reset` the drill runs on a private broker and ends with its reset (see
+`_broker_reset`); with `postgres_restarts` it runs on a private PostgreSQL and restarts it
+mid-drill.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import re
+import secrets
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import asyncpg
+from aiokafka.admin import AIOKafkaAdminClient
+
+from toolledger.api.service import OperatorService
+from toolledger.devstack import Services
+from toolledger.drill.billing import DrillBilling
+from toolledger.drill.chaos import Chaos, ChaosTally
+from toolledger.drill.checks import Check, Evidence, Refold, Tally, judge
+from toolledger.drill.driver import DispatchConfig, Dispatcher, DispatchTally, Progress
+from toolledger.drill.killpoints import read_lines
+from toolledger.drill.ledgerdb import LedgerDB
+from toolledger.drill.model import TENANT
+from toolledger.drill.operator import DrillOperator
+from toolledger.drill.procs import Procs
+from toolledger.drill.services import DrillServices, open_services
+from toolledger.drill.tools import BILLING_ENV
+from toolledger.events.log import partition_for
+from toolledger.events.models import RunStarted, utcnow
+from toolledger.projections.postgres import PostgresLedger
+from toolledger.projections.replay import compare, replay
+from toolledger.runtime.ledger import Ledger
+from toolledger.settings import Settings
+from toolledger.stack import LedgerStack
+
+log = logging.getLogger("toolledger.drill")
+
+
+@dataclass(frozen=True)
+class DrillConfig:
+    """The size of a drill and how hard it is troubled. Intervals are mean seconds (0: never)."""
+
+    runs: int = 50
+    calls: int = 5
+    kills: int = 100
+    seed: int = 1
+    workers: int = 4
+    spares: int = 2
+    runs_per_worker: int = 8
+    partitions: int = 4
+    external_share: float = 0.15
+    double_drive_rate: float = 0.05
+    dup_rate: float = 0.01
+    slow_rate: float = 0.02
+    poison: int = 3
+    projector_kill_every: float = 8.0
+    zombie_every: float = 30.0
+    reconciler_kill_every: float = 30.0
+    listen_kill_every: float = 5.0
+    postgres_restarts: int = 0
+    broker_reset: bool = False
+    timeout: float = 1800.0
+    keep: bool = False
+    home: Path | None = None
+
+
+@dataclass
+class DrillReport:
+    """What a drill did and what the checks found."""
+
+    config: DrillConfig
+    home: Path
+    schema: str
+    topic_prefix: str
+    duration: float = 0.0
+    dispatch: DispatchTally = field(default_factory=DispatchTally)
+    chaos: ChaosTally = field(default_factory=ChaosTally)
+    tally: Tally = field(default_factory=Tally)
+    checks: list[Check] = field(default_factory=list)
+    duplicates_appended: int = 0
+    operator_settled: int = 0
+    refold_events: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.checks) and all(c.ok for c in self.checks)
+
+    @property
+    def violations(self) -> list[Check]:
+        return [c for c in self.checks if not c.ok]
+
+
+async def run_drill(
+    config: DrillConfig, progress: Progress | None = None, *, services: Services | None = None
+) -> DrillReport:
+    """Run one drill; the report says what happened and whether every check held.
+
+    `services` (the test suite's) are used as they are; without them the drill finds or starts
+    its own (`toolledger.drill.services`).
+    """
+    home = config.home or Path(tempfile.mkdtemp(prefix="toolledger-drill-"))
+    home.mkdir(parents=True, exist_ok=True)
+    drill_services = await asyncio.to_thread(
+        open_services,
+        home,
+        given=services,
+        private_broker=config.broker_reset,
+        private_postgres=config.postgres_restarts > 0,
+    )
+    report: DrillReport | None = None
+    try:
+        report = await _Drill(config, drill_services, home, progress).run()
+        return report
+    finally:
+        await asyncio.to_thread(drill_services.close)
+        if config.home is None and not config.keep and report is not None and report.ok:
+            shutil.rmtree(home, ignore_errors=True)
+
+
+class _Drill:
+    def __init__(
+        self, config: DrillConfig, services: DrillServices, home: Path, progress: Progress | None
+    ) -> None:
+        self.config = config
+        self.services = services
+        self.home = home
+        self.progress = progress
+        ident = secrets.token_hex(4)
+        self.schema = f"drill_{ident}"
+        self.prefix = f"drill{ident}."
+        secret = secrets.token_hex(16)
+        self.settings = Settings(
+            database_url=services.database_url,
+            kafka_bootstrap=services.kafka_bootstrap,
+            schema_name=self.schema,
+            topic_prefix=self.prefix,
+            partitions=config.partitions,
+            signing_keys={"drill": secret},
+        )
+        self.env = {
+            "TOOLLEDGER_DATABASE_URL": services.database_url,
+            "TOOLLEDGER_KAFKA_BOOTSTRAP": services.kafka_bootstrap,
+            "TOOLLEDGER_SCHEMA": self.schema,
+            "TOOLLEDGER_TOPIC_PREFIX": self.prefix,
+            "TOOLLEDGER_PARTITIONS": str(config.partitions),
+            "TOOLLEDGER_SIGNING_KEYS": f"drill:{secret}",
+            BILLING_ENV: str(home / "billing.db"),
+        }
+        self.report = DrillReport(config, home, self.schema, self.prefix)
+
+    async def run(self) -> DrillReport:
+        started = time.monotonic()
+        (self.home / "logs").mkdir(exist_ok=True)
+        (self.home / "results").mkdir(exist_ok=True)
+        procs = Procs(self.home / "logs", self.env)
+        stack = await LedgerStack.connect(self.settings)
+        db = LedgerDB(self.services.database_url, self.schema)
+        tasks: list[asyncio.Task[None]] = []
+        try:
+            ledger = Ledger.from_stack(
+                stack,
+                verdict_timeout=self.settings.verdict_timeout_s,
+                signing_keys=self.settings.signing_secrets(),
+            )
+            billing = DrillBilling(self.home / "billing.db")
+            rng = random.Random(self.config.seed)
+            chaos = Chaos(
+                procs,
+                db,
+                stack.events,
+                random.Random(rng.random()),
+                reconciler_args=[
+                    "--tools",
+                    "toolledger.drill.tools",
+                    "--backoff",
+                    "0.5",
+                    "--max-backoff",
+                    "2",
+                    "--max-attempts",
+                    "100",
+                    "--scan-every",
+                    "0.2",
+                ],
+                postgres=self.services.postgres,
+            )
+            service = OperatorService(
+                stack.store, stack.commands, signing_keys=self.settings.signing_secrets()
+            )
+            operator = DrillOperator(service, db, billing)
+            dispatcher = Dispatcher(
+                DispatchConfig(
+                    runs=self.config.runs,
+                    calls=self.config.calls,
+                    kills=self.config.kills,
+                    workers=self.config.workers,
+                    spares=self.config.spares,
+                    runs_per_worker=self.config.runs_per_worker,
+                    external_share=self.config.external_share,
+                    double_drive_rate=self.config.double_drive_rate,
+                    dup_rate=self.config.dup_rate,
+                    slow_rate=self.config.slow_rate,
+                    deadline=started + self.config.timeout,
+                ),
+                procs,
+                db,
+                ledger,
+                self.home,
+                random.Random(rng.random()),
+                self.progress,
+            )
+            chaos.start_projector()
+            chaos.start_projector()
+            chaos.start_reconciler()
+
+            async def operate() -> None:
+                while await chaos.pause(0.5):
+                    await operator.work()
+
+            async def keep_alive() -> None:
+                while await chaos.pause(1.0):
+                    await chaos.tend()
+
+            c = self.config
+            loops = [
+                chaos.every(c.projector_kill_every, chaos.kill_projector),
+                chaos.every(c.zombie_every, chaos.zombie_projector),
+                chaos.every(c.reconciler_kill_every, chaos.kill_reconciler),
+                chaos.every(c.listen_kill_every, lambda: chaos.kill_listen(dispatcher.live_procs)),
+                chaos.poison(c.poison, within=20.0),
+                chaos.restart_postgres(c.postgres_restarts, within=10.0 + 10 * c.postgres_restarts),
+                operate(),
+                keep_alive(),
+            ]
+            tasks = [asyncio.create_task(loop) for loop in loops]
+            await dispatcher.run()
+            chaos.stopping.set()
+            await asyncio.gather(*tasks)
+            await self._quiesce(stack, chaos)
+            await self._judge(stack, db, billing, dispatcher, chaos, operator)
+            if self.config.broker_reset:
+                self.report.checks += await self._broker_reset(stack, chaos, dispatcher, billing)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            procs.close()
+            await stack.close()
+            await db.close()
+            if not self.config.keep:
+                await self._drop()
+            self.report.duration = time.monotonic() - started
+        return self.report
+
+    async def _quiesce(self, stack: LedgerStack, chaos: Chaos) -> None:
+        """Stop every appender, then wait until everything appended has been projected."""
+        if chaos.reconciler is not None and chaos.reconciler.alive():
+            chaos.reconciler.stop()
+        chaos.keep_projectors()
+        for partition in range(self.config.partitions):
+            run_id = next(
+                f"sentinel-{partition}-{n}"
+                for n in range(10_000)
+                if partition_for(f"sentinel-{partition}-{n}", self.config.partitions) == partition
+            )
+            sentinel = RunStarted(
+                key=run_id,
+                run_id=run_id,
+                tenant_id="drill-sentinel",
+                occurred_at=utcnow(),
+                agent="sentinel",
+            )
+            verdict = await stack.commands.append_and_await(sentinel, timeout=120)
+            assert verdict.accepted, verdict.detail
+        for proc in chaos.projectors:
+            proc.stop()
+
+    async def _judge(
+        self,
+        stack: LedgerStack,
+        db: LedgerDB,
+        billing: DrillBilling,
+        dispatcher: Dispatcher,
+        chaos: Chaos,
+        operator: DrillOperator,
+    ) -> None:
+        listed = set(await operator.check_listing())
+        unsettled = set(await db.unsettled(TENANT))
+        live = await stack.store.snapshot()
+        refold = await self._refold(stack, db, live.digest())
+        dispatch = dispatcher.tally
+        evidence = Evidence(
+            snapshot=live,
+            effects=billing.effects(),
+            requests=billing.requests(),
+            runs=dispatcher.runs,
+            calls=self.config.calls,
+            tenant=TENANT,
+            reconciler_pids=chaos.reconciler_pids,
+            listing=operator.checks,
+            unsettled_at_end=unsettled,
+            listed_at_end=listed,
+            refold=refold,
+            poison=chaos.tally.poison,
+            kills=dispatcher.kills_done,
+            kills_requested=self.config.kills,
+            unattributed_kills=dispatch.kills["unattributed"],
+            errors=dispatch.errors
+            + chaos.errors
+            + (["the drill timed out"] if dispatch.timed_out else []),
+            zombies=chaos.tally.zombies,
+            zombies_stood_down=chaos.tally.zombies_stood_down,
+        )
+        self.report.checks, self.report.tally = judge(evidence)
+        self.report.dispatch = dispatch
+        self.report.chaos = chaos.tally
+        self.report.duplicates_appended = len(read_lines(dispatcher.dup_log))
+        self.report.operator_settled = operator.settled
+        self.report.refold_events = refold.events
+
+    async def _refold(self, stack: LedgerStack, db: LedgerDB, live_digest: str) -> Refold:
+        rows = await db.fetch("SELECT partition, next_offset FROM projection_offsets")
+        targets = {int(r["partition"]): int(r["next_offset"]) for r in rows}
+        fresh = PostgresLedger(
+            self.services.database_url,
+            f"{self.schema}_refold",
+            signing_keys=self.settings.signing_secrets(),
+        )
+        await fresh.start()
+        try:
+            replayed = await replay(stack.events, fresh, targets=targets)
+            snapshot = await fresh.snapshot()
+        finally:
+            await fresh.close()
+        live = await stack.store.snapshot()
+        return Refold(
+            live_digest=live_digest,
+            replay_digest=replayed.replay_digest,
+            events=replayed.events,
+            differences=compare(live, snapshot)
+            + ([] if live.digest() == live_digest else ["the live ledger moved during the check"]),
+        )
+
+    async def _broker_reset(
+        self, stack: LedgerStack, chaos: Chaos, dispatcher: Dispatcher, billing: DrillBilling
+    ) -> list[Check]:
+        """The broker loses its data: projectors stop, runtimes fail closed, PostgreSQL keeps
+        everything."""
+        before = await stack.store.digest()
+        projectors = [chaos.start_projector(), chaos.start_projector()]
+        for _ in range(300):
+            owners = await dispatcher.db.lock_owners()
+            if len(owners) == self.config.partitions:
+                break
+            await asyncio.sleep(0.1)
+        await asyncio.to_thread(self.services.reset_broker)
+        identity = re.compile(r"stopped: .*(epoch marker|does not exist|gone|lost its data)")
+        for _ in range(600):
+            if not any(p.alive() for p in projectors):
+                break
+            await asyncio.sleep(0.1)
+        stopped = [p.returncode == 3 and bool(identity.search(p.output())) for p in projectors]
+        probe = "probe-after-reset"
+        requests_before = sum(sum(c.values()) for c in billing.requests().values())
+        dispatcher.procs.env["TOOLLEDGER_VERDICT_TIMEOUT_S"] = "3"
+        dispatcher.config = replace(dispatcher.config, kills=0, double_drive_rate=0.0)
+        worker = dispatcher.start_spare()
+        for _ in range(900):
+            if worker.is_ready() or not worker.proc.alive():
+                break
+            await asyncio.sleep(0.1)
+        if worker.proc.alive():
+            dispatcher.assign(worker, [probe], time.monotonic())
+        for _ in range(900):
+            if not worker.proc.alive():
+                break
+            await asyncio.sleep(0.1)
+        results = [line for line in read_lines(worker.results) if line.get("run") == probe]
+        failed_closed = (
+            bool(results)
+            and results[0].get("status") == "unavailable"
+            and sum(sum(c.values()) for c in billing.requests().values()) == requests_before
+        )
+        late = chaos.start_projector()
+        for _ in range(600):
+            if not late.alive():
+                break
+            await asyncio.sleep(0.1)
+        after = await stack.store.digest()
+        return [
+            Check(
+                "broker reset stops the projectors",
+                all(stopped) and late.returncode == 3,
+                f"running projectors exited with {[p.returncode for p in projectors]}, one "
+                f"started after the reset with {late.returncode} (3: the log-identity error)",
+            ),
+            Check(
+                "runtimes fail closed after a broker reset",
+                failed_closed,
+                "a run started after the reset ended "
+                + (
+                    f"{results[0].get('status')} ({str(results[0].get('detail'))[:90]})"
+                    if results
+                    else "without a result"
+                )
+                + "; no request reached billing",
+            ),
+            Check(
+                "nothing in PostgreSQL lost in a broker reset",
+                after == before,
+                f"ledger digest {before[:16]} before, {after[:16]} after",
+            ),
+        ]
+
+    async def _drop(self) -> None:
+        """Drop the drill's schemas and delete its topics (best effort)."""
+        with contextlib.suppress(Exception):
+            conn = await asyncpg.connect(self.services.database_url, timeout=10)
+            try:
+                for schema in (self.schema, f"{self.schema}_refold"):
+                    await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+            finally:
+                await conn.close()
+        admin = AIOKafkaAdminClient(
+            bootstrap_servers=self.services.kafka_bootstrap, request_timeout_ms=5000
+        )
+        with contextlib.suppress(Exception):
+            try:
+                await asyncio.wait_for(admin.start(), 5)
+                topics = [t for t in await admin.list_topics() if t.startswith(self.prefix)]
+                if topics:
+                    await asyncio.wait_for(admin.delete_topics(topics), 10)
+            finally:
+                await admin.close()
