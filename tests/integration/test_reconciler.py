@@ -356,6 +356,13 @@ async def test_a_reconciler_killed_mid_work_settles_each_call_once_after_its_res
         return all(any(pid == second.pid for _, pid, *_ in scene.journal.rows(r.key)) for r in lost)
 
     await until(lost_asked_again, timeout=SETTLE_TIMEOUT, what="the unknown calls asked again")
+
+    async def attempts_recorded() -> bool:
+        # the hook is journaled when it is asked; its finding reaches the ledger a verdict later
+        records = [await scene.record(r.key) for r in lost]
+        return all(r.reconcile_attempts > 0 for r in records)
+
+    await until(attempts_recorded, timeout=SETTLE_TIMEOUT, what="the attempts in the ledger")
     for record in found:
         history = await scene.stack.store.history(record.key)
         assert len(_accepted_completions(history)) == 1, history
