@@ -25,6 +25,7 @@ import faust
 from prometheus_client import CollectorRegistry, Gauge
 
 from toolledger.processors.app import DEFAULT_SESSION_TIMEOUT_S, processor_app
+from toolledger.processors.app import facts_topic as facts_topic_of
 from toolledger.projections.facts import Fact
 from toolledger.settings import Settings
 
@@ -89,15 +90,7 @@ def analytics_app(
     app = processor_app(
         settings, "analytics", partitions=partitions, group=group, session_timeout=session_timeout
     )
-    facts_topic = settings.facts_topic
-    facts = app.topic(
-        facts_topic,
-        key_type=bytes,
-        value_type=bytes,
-        key_serializer="raw",
-        value_serializer="raw",
-        partitions=partitions,
-    )
+    facts = facts_topic_of(app, settings, partitions)
     status_of = app.Table("status-of", default=None, partitions=partitions, key_type=str)
     counts = app.Table("calls-by-status", default=int, partitions=partitions, key_type=str)
     # Tumbling one-minute windows by the request's own time, as plain keys

@@ -74,3 +74,16 @@ def processor_app(
         "web_enabled": False,
     }
     return faust.App(app_id, **options)
+
+
+def facts_topic(app: faust.App, settings: Settings, partitions: int) -> faust.TopicT:
+    """The facts topic as every processor reads it: raw bytes keyed by run_id (the projector's
+    JSON facts are parsed by the agent, so a bad record is skipped, not a crashed stream)."""
+    return app.topic(
+        settings.facts_topic,
+        key_type=bytes,
+        value_type=bytes,
+        key_serializer="raw",
+        value_serializer="raw",
+        partitions=partitions,
+    )

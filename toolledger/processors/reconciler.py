@@ -43,6 +43,7 @@ from prometheus_client import Counter
 from toolledger.events.models import utcnow
 from toolledger.events.records import CallRecord, Verdict
 from toolledger.processors.app import DEFAULT_SESSION_TIMEOUT_S, processor_app
+from toolledger.processors.app import facts_topic as facts_topic_of
 from toolledger.processors.findings import Finding, ask_hook, finding_for
 from toolledger.processors.schedule import ReconcilePolicy, exhausted, is_due
 from toolledger.processors.unsettled import UnsettledRun, fold_fact, parse_fact
@@ -287,14 +288,7 @@ def reconciler_app(
         settings, "reconciler", partitions=partitions, group=group, session_timeout=session_timeout
     )
     facts_topic = settings.facts_topic
-    facts = app.topic(
-        facts_topic,
-        key_type=bytes,
-        value_type=bytes,
-        key_serializer="raw",
-        value_serializer="raw",
-        partitions=partitions,
-    )
+    facts = facts_topic_of(app, settings, partitions)
     table = app.Table("unsettled", default=None, partitions=partitions, key_type=str)
     parsed = _ParsedEntries()
     owned: list[int] = []

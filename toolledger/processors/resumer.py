@@ -25,6 +25,7 @@ import faust
 
 from toolledger.events.records import CallRecord, RunRecord
 from toolledger.processors.app import DEFAULT_SESSION_TIMEOUT_S, processor_app
+from toolledger.processors.app import facts_topic as facts_topic_of
 from toolledger.projections.facts import Fact
 from toolledger.runtime.runs import PAUSED, wait_is_over
 from toolledger.settings import Settings
@@ -89,14 +90,7 @@ def resumer_app(
     app = processor_app(
         settings, "resumer", partitions=partitions, group=group, session_timeout=session_timeout
     )
-    facts = app.topic(
-        settings.facts_topic,
-        key_type=bytes,
-        value_type=bytes,
-        key_serializer="raw",
-        value_serializer="raw",
-        partitions=partitions,
-    )
+    facts = facts_topic_of(app, settings, partitions)
 
     @app.agent(facts, name="resumer-facts")
     async def follow(stream: Any) -> None:
