@@ -19,7 +19,8 @@ import asyncpg
 import pytest
 from asyncpg.pool import PoolConnectionProxy
 
-from toolledger.events.fold import DeadLetter, LedgerFold, Positioned
+from tests import builders as b
+from toolledger.events.fold import DeadLetter, HistoryEntry, LedgerFold, Positioned
 from toolledger.events.lifecycle import sign
 from toolledger.events.log import LogIdentity, LogIdentityError
 from toolledger.events.models import (
@@ -809,6 +810,38 @@ class TestPostgresLedger(TestLedgerStoreContract):
         finally:
             for c in conns:
                 await c.close()
+
+    async def test_migration_4_chains_the_history_written_before_it(
+        self, pg_dsn: str, pg_schema: str
+    ) -> None:
+        """A ledger upgraded to chained history must hold the chains the projector would have
+        written, computed in SQL over the same bytes, or `replay --verify` fails after an
+        upgrade."""
+        first, second = b.reserved("m1", "c1"), b.reserved("m2", "c1")
+        fold = LedgerFold(keys=b.KEYS)
+        events = [first, second, b.completed(first), b.completed(first), b.completed(second)]
+        for offset, event in enumerate(events, start=1):
+            partition = 0 if event.run_id == "m1" else 1  # a run lives in one partition
+            fold.apply(Positioned(partition=partition, offset=offset, event=event))
+        columns = [c for c in HistoryEntry.model_fields if c != "chain_hash"]
+        conn = await asyncpg.connect(pg_dsn, server_settings={"search_path": pg_schema})
+        try:
+            before = [m for m in load_migrations() if m.version < 4]
+            await migrate(conn, pg_schema, before)
+            await conn.copy_records_to_table(
+                "tool_execution_history",
+                records=[tuple(getattr(h, c) for c in columns) for h in fold.history],
+                columns=columns,
+            )
+            assert await migrate(conn, pg_schema) == [4]
+            rows = await conn.fetch(
+                'SELECT chain_hash FROM tool_execution_history ORDER BY partition, "offset"'
+            )
+        finally:
+            await conn.close()
+        expected = sorted(fold.history, key=lambda h: (h.partition, h.offset))
+        assert [r["chain_hash"] for r in rows] == [h.chain_hash for h in expected]
+        assert len({h.chain_hash for h in expected}) == len(expected)
 
     async def test_verdicts_are_announced_on_commit(
         self, store: PostgresLedger, pg_dsn: str

@@ -129,6 +129,7 @@ def _entry(key: str, offset: int, event_type: str, event: dict[str, object]) -> 
         actor="runtime:h/1",
         version=1,
         event_json=json.dumps(event),
+        chain_hash="",
     )
 
 

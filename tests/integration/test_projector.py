@@ -16,6 +16,7 @@ import pytest
 from tests import builders as b
 from toolledger.devstack import start_tansu, stop_service
 from toolledger.events.codec import default_codec, encode, frame, unframe
+from toolledger.events.fold import broken_chains
 from toolledger.events.log import LogIdentityError, partition_for
 from toolledger.events.models import Event
 from toolledger.projections.facts import Fact
@@ -273,6 +274,84 @@ async def test_replay_from_offset_zero_rebuilds_the_same_ledger_and_verify_catch
         for schema in (replica, f"{pg_schema}_r2"):
             await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
         await conn.close()
+
+
+async def _tamper(dsn: str, schema: str, statement: str, *args: object) -> None:
+    """Run `statement` on the history with its append-only trigger lifted, as an attacker with
+    the table owner's rights would."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        async with conn.transaction():
+            await conn.execute(f'SET LOCAL search_path = "{schema}"')
+            await conn.execute(
+                "ALTER TABLE tool_execution_history "
+                "DISABLE TRIGGER tool_execution_history_append_only"
+            )
+            await conn.execute(statement, *args)
+            await conn.execute(
+                "ALTER TABLE tool_execution_history "
+                "ENABLE TRIGGER tool_execution_history_append_only"
+            )
+    finally:
+        await conn.close()
+
+
+async def test_replay_verify_names_the_key_and_offset_of_a_tampered_or_removed_history_entry(
+    pg_dsn: str, kafka_bootstrap: str, pg_schema: str, topic_prefix: str
+) -> None:
+    """Each history entry is chained to the previous one of its key: an entry altered by hand
+    breaks the chain at itself, a removed one breaks it at the next entry of the key, and
+    `replay --verify` names both."""
+    settings = _settings(pg_dsn, kafka_bootstrap, pg_schema, topic_prefix)
+    stack = await LedgerStack.connect(settings, run_projector=True)
+    try:
+        altered, removed = b.reserved("chain-a", "c1"), b.reserved("chain-b", "c1")
+        await _project(stack, altered, b.completed(altered), b.completed(altered))
+        await _project(stack, removed, b.completed(removed), b.reserved("chain-b", "c2"))
+        altered_history = await stack.store.history(altered.key)
+        removed_history = await stack.store.history(removed.key)
+        assert broken_chains((await stack.store.snapshot()).history) == []
+    finally:
+        await stack.close()
+    assert [h.accepted for h in altered_history] == [True, True, False]
+    assert "true" in altered_history[1].event_json
+    assert len({h.chain_hash for h in altered_history}) == 3
+
+    target = altered_history[1]
+    await _tamper(
+        pg_dsn,
+        pg_schema,
+        "UPDATE tool_execution_history SET event_json = replace(event_json, 'true', 'false') "
+        'WHERE partition = $1 AND "offset" = $2',
+        target.partition,
+        target.offset,
+    )
+    gone, after = removed_history[0], removed_history[1]
+    await _tamper(
+        pg_dsn,
+        pg_schema,
+        'DELETE FROM tool_execution_history WHERE partition = $1 AND "offset" = $2',
+        gone.partition,
+        gone.offset,
+    )
+    try:
+        bad = _cli(settings, "replay", "--into", f"{pg_schema}_r3", "--verify")
+    finally:
+        conn = await asyncpg.connect(pg_dsn)
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{pg_schema}_r3" CASCADE')
+        await conn.close()
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    assert (
+        f"history chain of key {altered.key} breaks at partition {target.partition} "
+        f"offset {target.offset} (call_completed)"
+    ) in bad.stdout, bad.stdout
+    assert (
+        f"history chain of key {removed.key} breaks at partition {after.partition} "
+        f"offset {after.offset}"
+    ) in bad.stdout, bad.stdout
+    assert (
+        f"history at partition {gone.partition} offset {gone.offset} exists only in the replay"
+    ) in bad.stdout, bad.stdout
 
 
 async def test_history_and_dead_letters_commands_show_what_the_ledger_holds(

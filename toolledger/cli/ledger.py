@@ -18,6 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedCo
 from rich.table import Table
 
 from toolledger.audit import as_of_targets, story
+from toolledger.events.fold import broken_chains
 from toolledger.events.kafka import KafkaLog
 from toolledger.events.log import LogError, LogIdentityError
 from toolledger.projections.postgres import PostgresLedger
@@ -51,7 +52,9 @@ async def _store(settings: Settings, schema: str | None = None) -> PostgresLedge
 @click.command()
 @click.argument("key")
 def history(key: str) -> None:
-    """Print every event of KEY (a call key run:call, or a run id) from the ledger history."""
+    """Print every event of KEY (a call key run:call, or a run id) from the ledger history.
+
+    The chain column starts each entry's hash chain link; a broken link is reported below."""
 
     async def body(settings: Settings) -> int:
         store = await _store(settings)
@@ -66,6 +69,7 @@ def history(key: str) -> None:
         table = Table(title=f"history of {key}")
         for col in ("offset", "occurred at", "event", "actor", "verdict", "version", "detail"):
             table.add_column(col)
+        table.add_column("chain")
         for h in entries:
             verdict = "[green]accepted[/green]" if h.accepted else f"[red]{h.reason}[/red]"
             table.add_row(
@@ -76,8 +80,11 @@ def history(key: str) -> None:
                 verdict,
                 "" if h.version is None else str(h.version),
                 h.detail,
+                h.chain_hash[:12],
             )
         _console.print(table)
+        for line in broken_chains(entries):
+            _console.print(f"[red]{line}[/red]", soft_wrap=True)
         if record is not None:
             _console.print(f"now: [bold]{record.status}[/bold] (version {record.version})")
         return 0
@@ -167,7 +174,7 @@ def replay_command(into: str, verify: bool) -> None:
         return
     _console.print(f"[red]differs from the live ledger[/red] (live {str(report.live_digest)[:16]})")
     for line in report.differences:
-        _console.print(f"  - {line}")
+        _console.print(f"  - {line}", soft_wrap=True)
     sys.exit(1)
 
 

@@ -4,6 +4,10 @@
 decided (resends reuse the event_id), and keeps the same three things every store keeps: the
 current records, the append-only history with verdicts, and the runs. `MemoryLedger` is a thin
 shell around it, and tests fold a recorded log with it to compare against PostgreSQL.
+
+Every history entry carries `chain_hash`, which links it to the entry before it of the same key
+(`chain_hash()` says exactly over which bytes), so an auditor holding only the history table
+can tell whether an entry of a key was removed, altered or reordered (`broken_chains()`).
 """
 
 from __future__ import annotations
@@ -38,6 +42,47 @@ class HistoryEntry(BaseModel):
     actor: str
     version: int | None
     event_json: str
+    chain_hash: str
+
+
+def chain_hash(previous: str | None, event_json: str, accepted: bool, reason: str) -> str:
+    """The hash that links a history entry to the previous entry of its key, as hex.
+
+    SHA-256 over: the previous entry's chain hash as 32 raw bytes (nothing for a key's first
+    entry), the event as stored in the history (`event_json`, UTF-8), a newline, then
+    `accepted <reason>` or `rejected <reason>` (UTF-8). The verdict is covered so that flipping a
+    rejected request into an accepted one breaks the chain too. Log positions are not covered:
+    a faithful copy of the log into another topic keeps its chains. Migration 0004 computes
+    the same bytes in SQL for history written before chains existed.
+    """
+    h = hashlib.sha256(bytes.fromhex(previous) if previous else b"")
+    h.update(event_json.encode())
+    h.update(f"\n{'accepted' if accepted else 'rejected'} {reason}".encode())
+    return h.hexdigest()
+
+
+def broken_chains(history: Iterable[HistoryEntry], limit: int = 20) -> list[str]:
+    """Where the chains of `history` break, one sentence per break (empty: every chain holds).
+
+    Entries are walked per key in log order and each `chain_hash` is recomputed from the
+    entry's own bytes and the stored hash of the entry before it. An altered entry breaks at
+    itself; a removed or reordered one breaks the entry after it. A removed last entry leaves
+    no trace in the chain: comparing with a re-fold of the log (`replay --verify`) finds it.
+    """
+    previous: dict[str, str] = {}
+    out: list[str] = []
+    for entry in sorted(history, key=lambda e: (e.partition, e.offset)):
+        expected = chain_hash(
+            previous.get(entry.key), entry.event_json, entry.accepted, entry.reason
+        )
+        if entry.chain_hash != expected:
+            out.append(
+                f"history chain of key {entry.key} breaks at partition {entry.partition} "
+                f"offset {entry.offset} ({entry.event_type}): this entry was altered, or an "
+                "entry of this key before it was removed or moved"
+            )
+        previous[entry.key] = entry.chain_hash
+    return out[:limit] + ([f"... and {len(out) - limit} more"] if len(out) > limit else [])
 
 
 @dataclass(frozen=True)
@@ -72,11 +117,13 @@ def actor_of(event: Event) -> str:
     return f"{source}:{event.producer.host}/{event.producer.pid}"
 
 
-def history_entry(item: Positioned, verdict: Verdict) -> HistoryEntry:
+def history_entry(item: Positioned, verdict: Verdict, previous: str | None) -> HistoryEntry:
+    """The history entry of a decided event; `previous` is its key's chain head."""
     event = item.event
     version = verdict.call.version if verdict.call is not None and event.tool_call_id else None
     if event.tool_call_id is None and verdict.run is not None:
         version = verdict.run.version
+    event_json = event.history_json()
     return HistoryEntry(
         key=event.key,
         event_id=event.event_id,
@@ -89,7 +136,8 @@ def history_entry(item: Positioned, verdict: Verdict) -> HistoryEntry:
         occurred_at=event.occurred_at,
         actor=actor_of(event),
         version=version,
-        event_json=event.history_json(),
+        event_json=event_json,
+        chain_hash=chain_hash(previous, event_json, verdict.accepted, verdict.reason),
     )
 
 
@@ -102,7 +150,10 @@ def quarantined(run: RunRecord | None, run_id: str, reason: str) -> RunRecord:
 
 @dataclass
 class LedgerFold:
-    """Current records, runs and history, folded in log order."""
+    """Current records, runs and history, folded in log order.
+
+    `heads` maps each history key to the chain hash of its latest entry.
+    """
 
     keys: SigningKeys = field(default_factory=dict)
     calls: dict[str, CallRecord] = field(default_factory=dict)
@@ -110,6 +161,7 @@ class LedgerFold:
     history: list[HistoryEntry] = field(default_factory=list)
     verdicts: dict[uuid.UUID, Verdict] = field(default_factory=dict)
     dead_letters: list[DeadLetter] = field(default_factory=list)
+    heads: dict[str, str] = field(default_factory=dict)
 
     def apply(self, item: Positioned | DeadLetter) -> Verdict | None:
         """Fold one log record. Returns None for an event_id already decided or a dead letter."""
@@ -130,7 +182,9 @@ class LedgerFold:
                 self.calls[verdict.call.key] = verdict.call
             if verdict.run is not None:
                 self.runs[verdict.run.run_id] = verdict.run
-        self.history.append(history_entry(item, verdict))
+        entry = history_entry(item, verdict, self.heads.get(event.key))
+        self.heads[event.key] = entry.chain_hash
+        self.history.append(entry)
         return verdict
 
     def digest(self) -> str:

@@ -73,6 +73,7 @@ HISTORY_TYPES: dict[str, str] = {
     "actor": "text",
     "version": "integer",
     "event_json": "text",
+    "chain_hash": "text",
 }
 RUN_TYPES: dict[str, str] = {
     "run_id": "text",
@@ -122,17 +123,24 @@ def _nulls(types: Mapping[str, str]) -> str:
 
 
 # Built from this module's constant names and types only, never from input (hence S608).
-#: Loads what folding a batch reads: $1 call keys, $2 run_ids, $3 event_ids. Each row is
-#: `kind` (1 call, 2 run, 3 decided), then the call's columns, the run's, the event_id. It joins
-#: unnested arrays instead of `= ANY($1)`: under a cached generic plan the planner may pick a
-#: sequential scan that compares every row with every array element.
+#: Loads what folding a batch reads: $1 call keys, $2 run_ids, $3 event_ids, $4 history keys
+#: (the call keys and the run_ids). Each row is `kind` (1 call, 2 run, 3 decided, 4 chain head),
+#: then the call's columns, the run's, the event_id, the chain hash; a chain head puts its key in
+#: the call's `key` column. It joins unnested arrays instead of `= ANY($1)`: under a cached
+#: generic plan the planner may pick a sequential scan that compares every row with every array
+#: element. A chain head is the newest history entry of its key, one index probe
+#: (`tool_execution_history_key`) per key.
 LOAD = (
-    f"SELECT 1 AS kind, {_names(CALL_TYPES, 'c.')}, {_nulls(RUN_TYPES)}, NULL::uuid "  # noqa: S608
-    "FROM unnest($1::text[]) AS wanted(key) JOIN tool_executions AS c USING (key) "
-    f"UNION ALL SELECT 2, {_nulls(CALL_TYPES)}, {_names(RUN_TYPES, 'r.')}, NULL::uuid "
+    f"SELECT 1 AS kind, {_names(CALL_TYPES, 'c.')}, {_nulls(RUN_TYPES)}, NULL::uuid, "  # noqa: S608
+    "NULL::text FROM unnest($1::text[]) AS wanted(key) JOIN tool_executions AS c USING (key) "
+    f"UNION ALL SELECT 2, {_nulls(CALL_TYPES)}, {_names(RUN_TYPES, 'r.')}, NULL::uuid, NULL "
     "FROM unnest($2::text[]) AS wanted(run_id) JOIN runs AS r USING (run_id) "
-    f"UNION ALL SELECT 3, {_nulls(CALL_TYPES)}, {_nulls(RUN_TYPES)}, v.event_id "
-    "FROM unnest($3::uuid[]) AS wanted(event_id) JOIN verdicts AS v USING (event_id)"
+    f"UNION ALL SELECT 3, {_nulls(CALL_TYPES)}, {_nulls(RUN_TYPES)}, v.event_id, NULL "
+    "FROM unnest($3::uuid[]) AS wanted(event_id) JOIN verdicts AS v USING (event_id) "
+    f"UNION ALL SELECT 4, wanted.key, {_nulls(dict(list(CALL_TYPES.items())[1:]))}, "
+    f"{_nulls(RUN_TYPES)}, NULL, h.chain_hash FROM unnest($4::text[]) AS wanted(key) "
+    "CROSS JOIN LATERAL (SELECT chain_hash FROM tool_execution_history AS t "
+    'WHERE t.key = wanted.key ORDER BY partition DESC, "offset" DESC LIMIT 1) AS h'
 )
 _CALLS_AT = slice(1, 1 + len(CALL_TYPES))
 _RUNS_AT = slice(_CALLS_AT.stop, _CALLS_AT.stop + len(RUN_TYPES))
@@ -140,20 +148,23 @@ _RUNS_AT = slice(_CALLS_AT.stop, _CALLS_AT.stop + len(RUN_TYPES))
 
 def loaded(
     rows: Iterable[asyncpg.Record],
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[Any]]:
-    """The rows of `LOAD` as call and run column dicts and decided event_ids."""
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[Any], dict[str, str]]:
+    """The rows of `LOAD` as call and run column dicts, decided event_ids and chain heads."""
     calls: list[dict[str, Any]] = []
     runs: list[dict[str, Any]] = []
     decided: list[Any] = []
+    heads: dict[str, str] = {}
     for row in rows:
         kind = row[0]
         if kind == 1:
             calls.append(dict(zip(CALL_TYPES, row[_CALLS_AT], strict=True)))
         elif kind == 2:
             runs.append(dict(zip(RUN_TYPES, row[_RUNS_AT], strict=True)))
+        elif kind == 3:
+            decided.append(row[-2])
         else:
-            decided.append(row[-1])
-    return calls, runs, decided
+            heads[row[1]] = row[-1]
+    return calls, runs, decided, heads
 
 
 def array_literal(items: Sequence[str]) -> str:

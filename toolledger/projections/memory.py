@@ -108,10 +108,12 @@ class MemoryLedger(LedgerStore):
                 {r: fold.runs[r] for r in run_ids if r in fold.runs},
                 {e for e in event_ids if e in fold.verdicts},
                 fold.keys,
+                {k: fold.heads[k] for k in keys | run_ids if k in fold.heads},
             )
             fold.calls.update((c.key, c) for c in outcome.calls)
             fold.runs.update((r.run_id, r) for r in outcome.runs)
             fold.history.extend(outcome.history)
+            fold.heads.update(outcome.heads)
             for entry in outcome.history:
                 self._history_by_key.setdefault(entry.key, []).append(entry)
             fold.verdicts.update((v.event_id, v) for v in outcome.verdicts)

@@ -295,16 +295,18 @@ async def _keep_session(_conn: asyncpg.Connection[asyncpg.Record]) -> None:
 
 async def _load(
     conn: Conn, items: Sequence[Positioned | DeadLetter]
-) -> tuple[dict[str, CallRecord], dict[str, RunRecord], set[uuid.UUID]]:
-    """The stored calls, runs and decided event_ids that folding `items` reads, in one query."""
+) -> tuple[dict[str, CallRecord], dict[str, RunRecord], set[uuid.UUID], dict[str, str]]:
+    """The stored calls, runs, decided event_ids and chain heads that folding `items` reads, in
+    one query."""
     keys, run_ids, event_ids = batch_reads(items)
-    calls, runs, decided = loaded(
-        await conn.fetch(LOAD, list(keys), list(run_ids), list(event_ids))
+    calls, runs, decided, heads = loaded(
+        await conn.fetch(LOAD, list(keys), list(run_ids), list(event_ids), list(keys | run_ids))
     )
     return (
         {c["key"]: CallRecord.model_validate(c) for c in calls},
         {r["run_id"]: RunRecord.model_validate(r) for r in runs},
         {uuid.UUID(bytes=event_id.bytes) for event_id in decided},
+        heads,
     )
 
 
@@ -424,7 +426,8 @@ class PostgresLedger(LedgerStore):
     ) -> list[Verdict]:
         """Load, fold, then one statement that writes only if its compare-and-set hits."""
         partition, start_offset, _ = position
-        batch = BatchFold(*await _load(conn, items), self._keys)
+        calls, runs, decided, heads = await _load(conn, items)
+        batch = BatchFold(calls, runs, decided, self._keys, heads)
         for item in items:
             batch.apply(item)
         outcome = batch.outcome()
@@ -456,7 +459,8 @@ class PostgresLedger(LedgerStore):
             raise OffsetConflict(partition, start_offset, None) from None
         if moved != "UPDATE 1":
             raise OffsetConflict(partition, start_offset, await conn.fetchval(_OFFSET, partition))
-        batch = BatchFold(*await _load(conn, items), self._keys)
+        calls, runs, decided, heads = await _load(conn, items)
+        batch = BatchFold(calls, runs, decided, self._keys, heads)
         async with _Appender(conn) as appender:
             for at in range(0, len(items), _SLICE):
                 for item in items[at : at + _SLICE]:

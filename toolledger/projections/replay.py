@@ -13,6 +13,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from toolledger.events.fold import broken_chains
 from toolledger.events.log import EventLog, LogIdentityError
 from toolledger.projections.projector import decode_records
 from toolledger.projections.store import LedgerSnapshot, LedgerStore
@@ -102,8 +103,13 @@ async def replay(
 
 
 def compare(live: LedgerSnapshot, replayed: LedgerSnapshot, limit: int = 20) -> list[str]:
-    """Human-readable differences between two ledgers (empty when identical)."""
-    out: list[str] = []
+    """Human-readable differences between two ledgers (empty when identical).
+
+    The live history's hash chains are recomputed first (`broken_chains`), so a removed,
+    altered or reordered entry is named by its key and position even where the row-by-row
+    comparison below only sees rows that moved.
+    """
+    out: list[str] = broken_chains(live.history, limit)
     for what, left, right in (
         ("record", live.calls, replayed.calls),
         ("run", live.runs, replayed.runs),

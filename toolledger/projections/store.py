@@ -308,14 +308,17 @@ class BatchOutcome:
     dead_letters: list[DeadLetter]
     calls: list[CallRecord]
     runs: list[RunRecord]
+    heads: dict[str, str]
 
 
 class BatchFold:
     """A batch folded with `LedgerFold.apply` against only the state it touches.
 
     `calls`, `runs` and `decided` are the stored records and already-decided event_ids named by
-    `batch_reads(items)`. `decide()` reads nothing else, so this is the same fold as applying
-    the items to the whole ledger, which is why every store uses it rather than its own loop.
+    `batch_reads(items)`, `heads` the chain hashes of the latest history entries of those call
+    keys and run_ids (a key with no history yet is absent). `decide()` and the chains read
+    nothing else, so this is the same fold as applying the items to the whole ledger, which is
+    why every store uses it rather than its own loop.
     Items are applied one at a time so that a store can write what is decided while the rest
     of the batch is still being folded.
     """
@@ -326,11 +329,12 @@ class BatchFold:
         runs: Mapping[str, RunRecord],
         decided: Collection[uuid.UUID],
         keys: SigningKeys,
+        heads: Mapping[str, str],
     ) -> None:
         self._calls = calls
         self._runs = runs
         self._decided = decided
-        self._fold = LedgerFold(keys=keys, calls=dict(calls), runs=dict(runs))
+        self._fold = LedgerFold(keys=keys, calls=dict(calls), runs=dict(runs), heads=dict(heads))
         self.verdicts: list[Verdict] = []
 
     @property
@@ -355,6 +359,7 @@ class BatchFold:
             dead_letters=fold.dead_letters,
             calls=[c for key, c in fold.calls.items() if self._calls.get(key) is not c],
             runs=[r for run_id, r in fold.runs.items() if self._runs.get(run_id) is not r],
+            heads={entry.key: entry.chain_hash for entry in fold.history},
         )
 
 
@@ -364,9 +369,10 @@ def fold_batch(
     runs: Mapping[str, RunRecord],
     decided: Collection[uuid.UUID],
     keys: SigningKeys,
+    heads: Mapping[str, str],
 ) -> BatchOutcome:
     """`BatchFold` over all of `items` at once."""
-    batch = BatchFold(calls, runs, decided, keys)
+    batch = BatchFold(calls, runs, decided, keys, heads)
     for item in items:
         batch.apply(item)
     return batch.outcome()
