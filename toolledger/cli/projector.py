@@ -3,7 +3,8 @@
 Run two or more: ownership of partitions goes through PostgreSQL advisory locks. The first
 process takes every free partition; the others are hot standbys that take a dead process's
 partitions within a second (a hung one's within about ten: PostgreSQL ends its idle
-transaction). A lost database connection is survived: positions are re-read when it is back.
+transaction). A lost database connection is survived: positions are re-read when it is back;
+so is a broker that stops answering (the process stands down until it answers again).
 It exits non-zero with the log-identity error when the topic is not the one the ledger was
 built from.
 """
@@ -11,6 +12,7 @@ built from.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 import sys
@@ -25,6 +27,9 @@ from toolledger.stack import LedgerStack
 async def _run(status_every: float) -> None:
     settings = load_settings()
     stack = await LedgerStack.connect(settings, run_projector=True)
+    # Everything imported and connected so far lives as long as the process: keep it out of
+    # every later collection (a library cannot decide this for its host; this command can).
+    gc.freeze()
     projector = stack.projector
     assert projector is not None
     loop = asyncio.get_running_loop()

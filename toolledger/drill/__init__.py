@@ -8,8 +8,9 @@ own count of effects and against a re-fold of the log. docs/DRILLS.md explains e
 The modules, in the order a drill uses them: `services` (where PostgreSQL and Kafka are),
 `billing` and `tools` (the system the runs charge, and its tools), `model` (the scripted
 model), `killpoints` and `worker` (a runtime process that can die where its plan says),
+`procs` (child processes, by pid), `ledgerdb` (the drill's own questions to PostgreSQL),
 `driver` (the work list and the workers), `chaos` (projectors, reconciler, LISTEN sessions,
-poison, PostgreSQL restarts), `operator` (the operator queue), `checks`, `summary`, and `run`
-(`run_drill`), which puts one drill together. Nothing is imported here: a worker process
-imports only what it uses.
+poison, PostgreSQL restarts), `operator` (the operator queue), `verify` (the re-fold),
+`checks`, `reset` (the broker reset), `summary`, and `run` (`run_drill`), which puts one drill
+together. Nothing is imported here: a worker process imports only what it uses.
 """

@@ -49,6 +49,8 @@ class ChaosTally:
     listen_kills: int = 0
     poison: list[str] = field(default_factory=list)
     postgres_restarts: int = 0
+    #: Projectors that stopped with the log-identity error (exit 3) while the log was intact.
+    identity_stops: list[str] = field(default_factory=list)
 
 
 class Chaos:
@@ -103,6 +105,11 @@ class Chaos:
         for proc in [p for p in self.projectors if not p.alive()]:
             log.warning("%s exited with %s; starting another", proc.name, proc.returncode)
             self.projectors.remove(proc)
+            if proc.returncode == 3:
+                stopped = [line for line in proc.output().splitlines() if "stopped:" in line]
+                self.tally.identity_stops.append(
+                    f"{proc.name}: {stopped[-1] if stopped else 'exit 3'}"
+                )
         while len(self.projectors) < count:
             self.start_projector()
 
@@ -217,14 +224,17 @@ class Chaos:
             self.tally.poison.append(run_id)
 
     async def restart_postgres(self, count: int, within: float) -> None:
-        """`pg_ctl restart` the private server `count` times in the first `within` s."""
+        """`pg_ctl restart` the private server `count` times in the first `within` s.
+
+        Every restart happens even if the runs finish first (the drill waits for this loop
+        before it quiesces), so the count in the report is the count asked for.
+        """
         if self.postgres is None or count <= 0:
             return
-        moments = sorted(self.rng.uniform(3.0, within) for _ in range(count))
+        moments = sorted(self.rng.uniform(2.0, within) for _ in range(count))
         waited = 0.0
         for at in moments:
-            if not await self.pause(at - waited):
-                return
+            await asyncio.sleep(at - waited)
             waited = at
             await asyncio.to_thread(self.postgres.restart)
             self.tally.postgres_restarts += 1

@@ -67,6 +67,7 @@ class Evidence:
     errors: list[str]
     zombies: int = 0
     zombies_stood_down: int = 0
+    identity_stops: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -116,6 +117,13 @@ def judge(ev: Evidence) -> tuple[list[Check], Tally]:
             "no unexpected runtime errors",
             not ev.errors,
             f"{len(ev.errors)} errors; first: {ev.errors[0][:1500]}" if ev.errors else "none",
+        ),
+        Check(
+            "no projector stopped with the log-identity error on an intact log",
+            not ev.identity_stops,
+            f"{len(ev.identity_stops)}; first: {ev.identity_stops[0][:400]}"
+            if ev.identity_stops
+            else "none",
         ),
         Check(
             "zombie projectors stood down",

@@ -28,8 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Protocol
 
-#: What the fork server imports once, so that forked workers start without importing.
-_PRELOAD = ["toolledger.drill.worker"]
+#: What the fork server imports once, so that forked workers start without importing anything.
+#: "__main__" too: without it every child would re-import the parent's main script (the
+#: `toolledger` console script, hence the whole CLI) from disk.
+_PRELOAD = ["__main__", "toolledger.drill.worker"]
 
 
 class _Handle(Protocol):
@@ -101,9 +103,13 @@ class Proc:
         return self.popen.poll() is None
 
     def output(self) -> str:
+        """Everything the process printed so far ("" if it died before opening its log)."""
         if self._log is not None:
             self._log.flush()
-        return self.log_path.read_text(errors="replace")
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
 
     def signal(self, sig: signal.Signals) -> None:
         """Send `sig` to this pid, unless the process was already reaped (its pid may be reused)."""

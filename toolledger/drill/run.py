@@ -7,9 +7,9 @@ appended has been projected (a sentinel event per partition: once its verdict ex
 earlier record of that partition was folded, which end offsets cannot promise), stops the
 projectors so nothing moves, and hands the witnesses to `toolledger.drill.checks`.
 
-With `broker_reset` the drill runs on a private broker and ends with its reset (see
-`_broker_reset`); with `postgres_restarts` it runs on a private PostgreSQL and restarts it
-mid-drill.
+With `broker_reset` the drill runs on a private broker and ends with its reset
+(`toolledger.drill.reset`); with `postgres_restarts` it runs on a private PostgreSQL and
+restarts it mid-drill.
 """
 
 from __future__ import annotations
@@ -18,12 +18,11 @@ import asyncio
 import contextlib
 import logging
 import random
-import re
 import secrets
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import asyncpg
@@ -33,19 +32,20 @@ from toolledger.api.service import OperatorService
 from toolledger.devstack import Services
 from toolledger.drill.billing import DrillBilling
 from toolledger.drill.chaos import Chaos, ChaosTally
-from toolledger.drill.checks import Check, Evidence, Refold, Tally, judge
+from toolledger.drill.checks import Check, Evidence, Tally, judge
 from toolledger.drill.driver import DispatchConfig, Dispatcher, DispatchTally, Progress
 from toolledger.drill.killpoints import read_lines
 from toolledger.drill.ledgerdb import LedgerDB
 from toolledger.drill.model import TENANT
 from toolledger.drill.operator import DrillOperator
 from toolledger.drill.procs import Procs
+from toolledger.drill.reset import broker_reset
 from toolledger.drill.services import DrillServices, open_services
 from toolledger.drill.tools import BILLING_ENV
+from toolledger.drill.verify import refold_log
 from toolledger.events.log import partition_for
 from toolledger.events.models import RunStarted, utcnow
 from toolledger.projections.postgres import PostgresLedger
-from toolledger.projections.replay import compare, replay
 from toolledger.runtime.ledger import Ledger
 from toolledger.settings import Settings
 from toolledger.stack import LedgerStack
@@ -244,7 +244,7 @@ class _Drill:
                 chaos.every(c.reconciler_kill_every, chaos.kill_reconciler),
                 chaos.every(c.listen_kill_every, lambda: chaos.kill_listen(dispatcher.live_procs)),
                 chaos.poison(c.poison, within=20.0),
-                chaos.restart_postgres(c.postgres_restarts, within=10.0 + 10 * c.postgres_restarts),
+                chaos.restart_postgres(c.postgres_restarts, within=2.0 + 4 * c.postgres_restarts),
                 operate(),
                 keep_alive(),
             ]
@@ -255,7 +255,9 @@ class _Drill:
             await self._quiesce(stack, chaos)
             await self._judge(stack, db, billing, dispatcher, chaos, operator)
             if self.config.broker_reset:
-                self.report.checks += await self._broker_reset(stack, chaos, dispatcher, billing)
+                self.report.checks += await broker_reset(
+                    self.services, stack, chaos, dispatcher, billing, self.config.partitions
+                )
         finally:
             for task in tasks:
                 task.cancel()
@@ -303,7 +305,16 @@ class _Drill:
         listed = set(await operator.check_listing())
         unsettled = set(await db.unsettled(TENANT))
         live = await stack.store.snapshot()
-        refold = await self._refold(stack, db, live.digest())
+        refold = await refold_log(
+            stack,
+            db,
+            live.digest(),
+            PostgresLedger(
+                self.services.database_url,
+                f"{self.schema}_refold",
+                signing_keys=self.settings.signing_secrets(),
+            ),
+        )
         dispatch = dispatcher.tally
         evidence = Evidence(
             snapshot=live,
@@ -326,6 +337,7 @@ class _Drill:
             + (["the drill timed out"] if dispatch.timed_out else []),
             zombies=chaos.tally.zombies,
             zombies_stood_down=chaos.tally.zombies_stood_down,
+            identity_stops=chaos.tally.identity_stops,
         )
         self.report.checks, self.report.tally = judge(evidence)
         self.report.dispatch = dispatch
@@ -333,100 +345,6 @@ class _Drill:
         self.report.duplicates_appended = len(read_lines(dispatcher.dup_log))
         self.report.operator_settled = operator.settled
         self.report.refold_events = refold.events
-
-    async def _refold(self, stack: LedgerStack, db: LedgerDB, live_digest: str) -> Refold:
-        rows = await db.fetch("SELECT partition, next_offset FROM projection_offsets")
-        targets = {int(r["partition"]): int(r["next_offset"]) for r in rows}
-        fresh = PostgresLedger(
-            self.services.database_url,
-            f"{self.schema}_refold",
-            signing_keys=self.settings.signing_secrets(),
-        )
-        await fresh.start()
-        try:
-            replayed = await replay(stack.events, fresh, targets=targets)
-            snapshot = await fresh.snapshot()
-        finally:
-            await fresh.close()
-        live = await stack.store.snapshot()
-        return Refold(
-            live_digest=live_digest,
-            replay_digest=replayed.replay_digest,
-            events=replayed.events,
-            differences=compare(live, snapshot)
-            + ([] if live.digest() == live_digest else ["the live ledger moved during the check"]),
-        )
-
-    async def _broker_reset(
-        self, stack: LedgerStack, chaos: Chaos, dispatcher: Dispatcher, billing: DrillBilling
-    ) -> list[Check]:
-        """The broker loses its data: projectors stop, runtimes fail closed, PostgreSQL keeps
-        everything."""
-        before = await stack.store.digest()
-        projectors = [chaos.start_projector(), chaos.start_projector()]
-        for _ in range(300):
-            owners = await dispatcher.db.lock_owners()
-            if len(owners) == self.config.partitions:
-                break
-            await asyncio.sleep(0.1)
-        await asyncio.to_thread(self.services.reset_broker)
-        identity = re.compile(r"stopped: .*(epoch marker|does not exist|gone|lost its data)")
-        for _ in range(600):
-            if not any(p.alive() for p in projectors):
-                break
-            await asyncio.sleep(0.1)
-        stopped = [p.returncode == 3 and bool(identity.search(p.output())) for p in projectors]
-        probe = "probe-after-reset"
-        requests_before = sum(sum(c.values()) for c in billing.requests().values())
-        dispatcher.procs.env["TOOLLEDGER_VERDICT_TIMEOUT_S"] = "3"
-        dispatcher.config = replace(dispatcher.config, kills=0, double_drive_rate=0.0)
-        worker = dispatcher.start_spare()
-        for _ in range(900):
-            if worker.is_ready() or not worker.proc.alive():
-                break
-            await asyncio.sleep(0.1)
-        if worker.proc.alive():
-            dispatcher.assign(worker, [probe], time.monotonic())
-        for _ in range(900):
-            if not worker.proc.alive():
-                break
-            await asyncio.sleep(0.1)
-        results = [line for line in read_lines(worker.results) if line.get("run") == probe]
-        failed_closed = (
-            bool(results)
-            and results[0].get("status") == "unavailable"
-            and sum(sum(c.values()) for c in billing.requests().values()) == requests_before
-        )
-        late = chaos.start_projector()
-        for _ in range(600):
-            if not late.alive():
-                break
-            await asyncio.sleep(0.1)
-        after = await stack.store.digest()
-        return [
-            Check(
-                "broker reset stops the projectors",
-                all(stopped) and late.returncode == 3,
-                f"running projectors exited with {[p.returncode for p in projectors]}, one "
-                f"started after the reset with {late.returncode} (3: the log-identity error)",
-            ),
-            Check(
-                "runtimes fail closed after a broker reset",
-                failed_closed,
-                "a run started after the reset ended "
-                + (
-                    f"{results[0].get('status')} ({str(results[0].get('detail'))[:90]})"
-                    if results
-                    else "without a result"
-                )
-                + "; no request reached billing",
-            ),
-            Check(
-                "nothing in PostgreSQL lost in a broker reset",
-                after == before,
-                f"ledger digest {before[:16]} before, {after[:16]} after",
-            ),
-        ]
 
     async def _drop(self) -> None:
         """Drop the drill's schemas and delete its topics (best effort)."""

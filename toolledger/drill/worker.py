@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import random
 import time
@@ -143,6 +144,20 @@ async def _drive(
         return {"status": "error", "detail": "".join(traceback.format_exception(exc))}
 
 
+async def _connect(attempts: int = 60) -> Ledger:
+    """`Ledger.connect()`, retried as a supervisor would restart a runtime that could not
+    start: a worker forked while PostgreSQL restarts must wait for it, not count as a crash."""
+    retriable: tuple[type[BaseException], ...] = (*DATABASE_ERRORS, LogError, LedgerUnavailable)
+    for attempt in range(1, attempts + 1):
+        try:
+            return await Ledger.connect()
+        except retriable:
+            if attempt == attempts:
+                raise
+            await asyncio.sleep(0.5)
+    raise AssertionError("unreachable")
+
+
 async def main(args: argparse.Namespace) -> None:
     kill_points = KillPoints(KillPlan(), Path(args.kill_log), args.worker)
     tools.kill_points = kill_points
@@ -151,7 +166,7 @@ async def main(args: argparse.Namespace) -> None:
     def emit(line: dict[str, Any]) -> None:
         append_line(results, {"worker": args.worker, "pid": os.getpid(), "t": time.time(), **line})
 
-    ledger = await Ledger.connect()
+    ledger = await _connect()
     try:
         emit({"ready": True})
         order = {"runs": args.runs, "plan": args.plan, "seed": args.seed}
@@ -203,7 +218,15 @@ def write_order(results: Path, order: dict[str, Any]) -> None:
 
 def entry(argv: list[str]) -> None:
     """The worker's main for a process forked by the drill (`Procs.fork`)."""
+    _log_warnings()
     asyncio.run(main(_parser().parse_args(argv)))
+
+
+def _log_warnings() -> None:
+    logging.basicConfig(
+        level=logging.WARNING,
+        format="%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s",
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -229,4 +252,5 @@ def _parser() -> argparse.ArgumentParser:
 
 
 if __name__ == "__main__":
+    _log_warnings()
     asyncio.run(main(_parser().parse_args()))

@@ -59,9 +59,14 @@ class KafkaLog(EventLog):
     `replication_factor` applies to topics this log creates: 1 suits a single development broker;
     production uses 3, and then the topic also gets `min.insync.replicas=2` so an acknowledged
     append survives the loss of a broker. `identity_wait` is how long `identity` waits for a
-    partition's first record before calling the partition empty (a partition just created by
-    another process gets its marker within milliseconds). `connection` holds the security settings
-    (`security_protocol`, `ssl_context`, `sasl_*`) passed to every aiokafka client.
+    partition the broker reports empty to get its first record before calling it empty (a
+    partition just created by another process gets its marker within milliseconds); a partition
+    slow to answer is waited for up to the request timeout and never called empty. `connection`
+    holds the security settings (`security_protocol`, `ssl_context`, `sasl_*`) passed to every
+    aiokafka client. `max_batch_size` is the producer's batch per partition: the default
+    (aiokafka's 16 KB) suits the events topic, where appends are few per request;
+    a topic written in bulk (facts, published a whole batch of verdicts at a time) needs far
+    larger batches, because aiokafka keeps one request in flight per broker.
     """
 
     def __init__(
@@ -72,6 +77,7 @@ class KafkaLog(EventLog):
         client_id: str = "toolledger",
         fetch_max_wait_ms: int = 5,
         linger_ms: int = 0,
+        max_batch_size: int = 16_384,
         request_timeout_ms: int = 30_000,
         replication_factor: int = 1,
         identity_wait: float = 2.0,
@@ -82,6 +88,7 @@ class KafkaLog(EventLog):
         self._client_id = client_id
         self._fetch_max_wait_ms = fetch_max_wait_ms
         self._linger_ms = linger_ms
+        self._max_batch_size = max_batch_size
         self._request_timeout_ms = request_timeout_ms
         self._replication_factor = replication_factor
         self._identity_wait = identity_wait
@@ -106,6 +113,8 @@ class KafkaLog(EventLog):
             acks="all",
             enable_idempotence=False,
             linger_ms=self._linger_ms,
+            max_batch_size=self._max_batch_size,
+            max_request_size=max(self._max_batch_size, 1_048_576),
             request_timeout_ms=self._request_timeout_ms,
             **self._connection,
         )
@@ -257,22 +266,42 @@ class KafkaLog(EventLog):
             await asyncio.sleep(0.05)
 
     async def _first_records(self, partitions: int) -> dict[int, LogRecord | None]:
-        """The record at the start of each partition, None where none came in `identity_wait`."""
+        """The record at the start of each partition, None where the broker says it is empty.
+
+        A partition is called empty only when the broker answered that it is (high watermark 0)
+        and it stayed so for `identity_wait` (a topic just created by another process gets its
+        markers within milliseconds). One that did not answer, or holds records that are slow
+        to come, is waited for up to the request timeout and then raises a retriable
+        `LogError`: a slow broker is not a lost log.
+        """
         consumer = self._consumer(max_partition_fetch_bytes=64 * 1024)
         first: dict[int, LogRecord | None] = dict.fromkeys(range(partitions))
+        unread: list[int] = []
         try:
             await consumer.start()
             tps = [TopicPartition(self.topic, p) for p in range(partitions)]
             consumer.assign(tps)
             for tp in tps:
                 consumer.seek(tp, 0)
-            deadline = time.monotonic() + self._identity_wait
-            while None in first.values() and (left := deadline - time.monotonic()) > 0:
-                batch = await consumer.getmany(timeout_ms=max(1, int(left * 1000)))
+            started = time.monotonic()
+            give_up = started + max(self._identity_wait, self._request_timeout_ms / 1000)
+            while missing := [tp for tp in tps if first[tp.partition] is None]:
+                now = time.monotonic()
+                empty = all(consumer.highwater(tp) == 0 for tp in missing)
+                if now >= give_up or (empty and now >= started + self._identity_wait):
+                    break
+                batch = await consumer.getmany(
+                    timeout_ms=max(1, int(min(give_up - now, 0.2) * 1000))
+                )
                 for tp, records in batch.items():
                     if records and first[tp.partition] is None:
                         first[tp.partition] = _record(min(records, key=lambda r: r.offset))
                         consumer.pause(tp)
+            unread = [
+                tp.partition
+                for tp in tps
+                if first[tp.partition] is None and consumer.highwater(tp) != 0
+            ]
         except OffsetOutOfRangeError as exc:
             raise LogIdentityError(
                 f"{self.topic} no longer has offset 0 ({exc}): the beginning of the log, where "
@@ -284,6 +313,12 @@ class KafkaLog(EventLog):
             raise LogError(f"cannot read offset 0 of {self.topic}: {exc!r}") from exc
         finally:
             await consumer.stop()
+        if unread:
+            raise LogError(
+                f"offset 0 of {self.topic} partitions {unread} did not arrive within "
+                f"{self._request_timeout_ms / 1000:g}s, and the broker did not report them empty: "
+                "it is slow or unreachable, which says nothing about lost data"
+            )
         return first
 
     def _consumer(self, **overrides: Any) -> AIOKafkaConsumer:

@@ -125,6 +125,14 @@ def _dead(partition: int, record: LogRecord, reason: str) -> DeadLetter:
     return DeadLetter(partition, record.offset, run_id_of(record.key), reason, record.value)
 
 
+def _gone(exc: TopicMissing) -> LogIdentityError:
+    return LogIdentityError(
+        f"{exc}: the events topic the ledger was built from is gone (the broker lost its "
+        "data?); the ledger in PostgreSQL is intact; restore the topic, or start a new ledger "
+        "schema and replay into it"
+    )
+
+
 @dataclass
 class ProjectorStats:
     applied: int = 0
@@ -151,6 +159,7 @@ class Projector:
         fetch_wait_ms: int = 5,
         ownership_interval: float = 0.25,
         identity_interval: float = 2.0,
+        broker_retry: float = 1.0,
         decode: Callable[[bytes], Event] = decode,
     ) -> None:
         self.log = log
@@ -163,6 +172,7 @@ class Projector:
         self.fetch_wait = fetch_wait_ms / 1000
         self.ownership_interval = ownership_interval
         self.identity_interval = identity_interval
+        self.broker_retry = broker_retry
         self._identity_failure: LogIdentityError | None = None
         self.decode = decode
         self.stats = ProjectorStats()
@@ -184,7 +194,7 @@ class Projector:
 
     async def run(self) -> None:
         """Project until `stop()`; raises `LogIdentityError` if the log is not the ledger's."""
-        self._identity = await self.log.identity()
+        self._identity = await self._first_identity()
         await self.store.bind_log(self._identity)
         self._reader = self.log.reader()
         watch = asyncio.create_task(self._watch_identity(), name="toolledger-identity-watch")
@@ -194,6 +204,12 @@ class Projector:
                     await self.step()
                 except DATABASE_ERRORS as exc:
                     await self._lost_database(exc)
+                except LogIdentityError:
+                    raise
+                except TopicMissing as exc:
+                    raise _gone(exc) from exc
+                except LogError as exc:
+                    await self._lost_broker(exc)
             if self._identity_failure is not None:
                 raise self._identity_failure
             await self._facts_sent()
@@ -207,6 +223,22 @@ class Projector:
                     await self._facts_sent()
             await self._reader.close()
             await self.locks.close()
+
+    async def _first_identity(self) -> LogIdentity:
+        """The log's identity at start; a broker that does not answer is waited for, as when
+        it stops answering later (`_lost_broker`)."""
+        while True:
+            try:
+                return await self.log.identity()
+            except LogIdentityError:
+                raise
+            except TopicMissing as exc:
+                raise _gone(exc) from exc
+            except LogError as exc:
+                if self._stopping.is_set():
+                    raise
+                log.warning("cannot read the log identity yet (%s); retrying", exc)
+                await asyncio.sleep(self.broker_retry)
 
     async def _lost_database(self, exc: BaseException) -> None:
         """PostgreSQL went away mid-batch (a restart, a failover, a killed session).
@@ -222,6 +254,45 @@ class Projector:
         self._next_ownership = 0.0
         await asyncio.sleep(0.5)
 
+    async def _lost_broker(self, exc: LogError) -> None:
+        """Kafka stopped answering (a broker restart, a network partition).
+
+        The projector stands down as if it had restarted: facts in flight are dropped (their mark
+        did not move, so they are republished), the partition locks are released so a projector
+        that still reaches the broker can take over, and the reader is replaced. It then waits
+        until the log answers with the identity the ledger was built from and takes partitions
+        again, republishing facts from the published marks. A broker that came back without
+        its data stops the projector with the log-identity error (here or in the watch).
+        """
+        log.warning("Kafka error (%s); standing down until the broker answers", exc)
+        task, self._facts_in_flight = self._facts_in_flight, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._owned.clear()
+        self._resync.clear()
+        self._next_ownership = 0.0
+        await self.locks.close()
+        assert self._reader is not None
+        with contextlib.suppress(LogError):
+            await self._reader.close()
+        self._reader = self.log.reader()
+        while not self._stopping.is_set():
+            await asyncio.sleep(self.broker_retry)
+            try:
+                identity = await self.log.identity()
+            except LogIdentityError:
+                raise
+            except TopicMissing as gone:
+                raise _gone(gone) from gone
+            except LogError as again:
+                log.warning("Kafka still unavailable (%s)", again)
+                continue
+            await self.store.bind_log(identity)
+            log.info("Kafka answers again; taking partitions")
+            return
+
     async def _watch_identity(self) -> None:
         """Re-read offset 0 every few seconds while running.
 
@@ -236,15 +307,7 @@ class Projector:
                 identity = await self.log.identity()
                 await self.store.bind_log(identity)
             except (LogIdentityError, TopicMissing) as exc:
-                self._identity_failure = (
-                    exc
-                    if isinstance(exc, LogIdentityError)
-                    else LogIdentityError(
-                        f"{exc}: the events topic the ledger was built from is gone (the broker "
-                        "lost its data?); the ledger in PostgreSQL is intact; restore the topic, "
-                        "or start a new ledger schema and replay into it"
-                    )
-                )
+                self._identity_failure = exc if isinstance(exc, LogIdentityError) else _gone(exc)
                 self._stopping.set()
                 return
             except LogError as exc:
