@@ -126,6 +126,8 @@ async def test_show_gives_the_record_and_every_event_accepted_or_rejected(
         ("call_completed", False, "late_outcome"),
     ]
     assert body["history"][2]["event"]["reservation_id"] == str(r.reservation_id)
+    stored = await stack.store.history(r.key)
+    assert [h["chain_hash"] for h in body["history"]] == [h.chain_hash for h in stored]
 
 
 async def test_resolve_records_the_operator_the_reason_and_the_value(

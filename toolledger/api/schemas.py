@@ -154,6 +154,10 @@ class HistoryItem(BaseModel):
     actor: str = Field(description="operator:<id>, or <source>:<host>/<pid> of a process.")
     version: int | None = Field(description="The record's version after this request.")
     event: dict[str, Any] = Field(description="The request as appended.")
+    chain_hash: str = Field(
+        description="SHA-256 (hex) linking this entry to the previous entry of its key; "
+        "`toolledger replay --verify` recomputes the chain."
+    )
 
     @classmethod
     def of(cls, entry: HistoryEntry) -> HistoryItem:
@@ -170,6 +174,7 @@ class HistoryItem(BaseModel):
             actor=entry.actor,
             version=entry.version,
             event=event if isinstance(event, dict) else {"value": event},
+            chain_hash=entry.chain_hash,
         )
 
 
