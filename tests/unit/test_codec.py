@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
+from tests import builders as b
 from toolledger.events.codec import (
     HEADER_SIZE,
     MARKER,
@@ -403,3 +404,19 @@ def test_a_codec_refuses_a_newest_schema_whose_fields_differ_from_the_model() ->
     """A process deployed with a schema its models do not match must fail at start, not later."""
     with pytest.raises(ValueError, match=r"only in the schema \['attempt_limit'\]"):
         Codec(SchemaRegistry.from_dirs(FIXTURE_DIR))
+
+
+def test_unstorable_text_is_replaced_at_any_depth_and_clean_data_is_passed_through() -> None:
+    """NUL and lone surrogates become U+FFFD wherever they are; data without them comes back as
+    the very same objects (the clean path, every decode's, allocates nothing)."""
+    from toolledger.events.models import _clean
+
+    clean = {"a": ["x", ("y", {"z": "ünï"})], "n": 1}
+    assert _clean(clean) is clean
+    inner = {"z": "b\x00d \udc80"}
+    dirty = {"a": ["x", ("y", inner)], "n": 1}
+    assert _clean(dirty) == {"a": ["x", ("y", {"z": "b\ufffdd \ufffd"})], "n": 1}
+    assert inner["z"] == "b\x00d \udc80"  # the input is left alone
+    broken = b.reserved("r1", "c1").model_dump()
+    broken["producer"] = {"host": "h\x00st", "pid": 1}
+    assert type(b.reserved("r1", "c1")).model_validate(broken).producer.host == "h\ufffdst"

@@ -66,12 +66,25 @@ _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 
 
 def _clean(value: Any) -> Any:
+    """`value` with NUL and lone surrogates replaced, or `value` itself when it has none.
+
+    Every event built or decoded passes here (nested models once more), so the usual case, all
+    clean, allocates nothing: a container is rebuilt only when something in it changed.
+    """
     if isinstance(value, str):
+        if value.isascii() and "\x00" not in value:
+            return value
         return _UNSTORABLE.sub("\ufffd", value) if _UNSTORABLE.search(value) else value
     if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
+        for item in value.values():
+            if _clean(item) is not item:
+                return {k: _clean(v) for k, v in value.items()}
+        return value
     if isinstance(value, list | tuple):
-        return type(value)(_clean(v) for v in value)
+        for item in value:
+            if _clean(item) is not item:
+                return type(value)(_clean(v) for v in value)
+        return value
     return value
 
 
