@@ -8,7 +8,7 @@ inside a client library: `load_settings()` turns pydantic's validation error int
 from __future__ import annotations
 
 import re
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -56,6 +56,11 @@ class Settings(BaseSettings):
     )
     batch_size: int = Field(
         default=2000, ge=1, le=100_000, description="Most events applied in one transaction."
+    )
+    projector_ownership: Literal["standby", "share"] = Field(
+        default="standby",
+        description="`standby`: the first projector takes every partition, the others wait to "
+        "take over; `share`: the partitions are split evenly among the running projectors.",
     )
     identity_check_s: float = Field(
         default=2.0,

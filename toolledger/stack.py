@@ -119,7 +119,11 @@ class LedgerStack:
             projector = Projector(
                 events,
                 store,
-                PostgresPartitionLocks(database_url, settings.schema_name),
+                PostgresPartitionLocks(
+                    database_url,
+                    settings.schema_name,
+                    share=settings.projector_ownership == "share",
+                ),
                 dlq=dlq,
                 facts=FactsPublisher(facts),
                 batch_size=settings.batch_size,

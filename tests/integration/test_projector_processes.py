@@ -286,22 +286,29 @@ async def _freeze(
     raise AssertionError(f"could not freeze {proc.name} {where} a batch transaction")
 
 
+@pytest.mark.parametrize("ownership", ["standby", "share"])
 async def test_a_killed_projectors_partitions_move_to_the_survivor_and_nothing_is_applied_twice(
-    scene: Scene,
+    scene: Scene, ownership: str
 ) -> None:
     """A projector SIGKILLed in the middle of a stream (inside a batch transaction when it can
     be caught there) must hand its partitions to the other process within seconds, and the
     survivor must neither skip nor re-apply anything the dead one committed: afterwards every
     event_id has one history row and one verdict and the ledger equals a re-fold of the topic.
+    With shared ownership the second process first takes half the partitions from the first.
 
     Prints the failover time: SIGKILL -> the survivor holds the victim's partition locks, and
     SIGKILL -> every one of those partitions' stored offsets moved again.
     """
+    scene.env["TOOLLEDGER_PROJECTOR_OWNERSHIP"] = ownership
     first = scene.start_projector("projector-1")
+    await scene.owns_all(first)
     second = scene.start_projector("projector-2")
 
     async def all_owned() -> bool:
-        return len(await scene.lock_owners()) == PARTITIONS
+        owners = list((await scene.lock_owners()).values())
+        if ownership == "share":
+            return owners.count(first.pid) == owners.count(second.pid) == PARTITIONS // 2
+        return len(owners) == PARTITIONS
 
     await until(all_owned, timeout=START_TIMEOUT, what="every partition to have an owner")
     stream = Stream(scene.client.commands, runs=100, calls=20, rate=700)

@@ -7,6 +7,12 @@ ownership round (every few hundred ms). Rebalances would pause every partition o
 on each membership change, and the local broker takes half the session timeout to join a group;
 locks move only the partitions that lost their owner.
 
+With `share=True` the partitions are split evenly instead: every process also holds a member
+lock (its class is the schema's member class, its key the backend pid), counts the members in
+`pg_locks` on each round, takes free partitions only up to its share (the partition count
+divided by the members, rounded up) and releases the ones above it, so a process that joins gets
+its share within two rounds and a dead one's partitions go to the survivors.
+
 Locks are an optimisation for liveness, not the safety fence: a zombie that still believes it
 holds a partition is stopped by the offset compare-and-set in `LedgerStore.apply_batch`.
 """
@@ -47,24 +53,45 @@ def lock_class(schema: str) -> int:
     return zlib.crc32(f"toolledger:{schema}".encode()) & 0x7FFFFFFF
 
 
+def member_class(schema: str) -> int:
+    """The advisory-lock class of the projectors sharing a schema's partitions."""
+    return zlib.crc32(f"toolledger-members:{schema}".encode()) & 0x7FFFFFFF
+
+
+_MEMBERS = (
+    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
+    "AND classid = $1::int8::oid AND objsubid = 2 AND database = "
+    "(SELECT oid FROM pg_database WHERE datname = current_database())"
+)
+
+
 class PostgresPartitionLocks(PartitionLocks):
     """Advisory locks `(lock_class(schema), partition)` on one dedicated session."""
 
-    def __init__(self, dsn: str, schema: str) -> None:
+    def __init__(self, dsn: str, schema: str, *, share: bool = False) -> None:
         self._dsn = dsn
         self._class = lock_class(schema)
+        self._members = member_class(schema)
+        self._share = share
         self._conn: asyncpg.Connection | None = None
         self._held: set[int] = set()
 
     async def _connection(self) -> asyncpg.Connection:
         if self._conn is None or self._conn.is_closed():
             self._held.clear()
-            self._conn = await asyncpg.connect(
+            conn = await asyncpg.connect(
                 self._dsn, server_settings={"application_name": f"toolledger-locks-{os.getpid()}"}
             )
+            if self._share:
+                await conn.execute(
+                    "SELECT pg_advisory_lock($1::int4, pg_backend_pid())", self._members
+                )
+            self._conn = conn
         return self._conn
 
     async def acquire(self, partitions: Iterable[int]) -> set[int]:
+        if self._share:
+            return await self._acquire_share(sorted(set(partitions)))
         wanted = sorted(set(partitions) - self._held)
         if not wanted:
             return set()
@@ -76,6 +103,33 @@ class PostgresPartitionLocks(PartitionLocks):
         )
         taken = {int(r["p"]) for r in rows if r["ok"]}
         self._held |= taken
+        return taken
+
+    async def _acquire_share(self, partitions: list[int]) -> set[int]:
+        """Take free partitions up to this process's share; release those above it."""
+        conn = await self._connection()
+        members = max(1, int(await conn.fetchval(_MEMBERS, self._members)))
+        share = -(-len(partitions) // members)
+        if len(self._held) > share:
+            for partition in sorted(self._held)[share:]:
+                await conn.fetchval(
+                    "SELECT pg_advisory_unlock($1::int4, $2::int4)", self._class, partition
+                )
+                self._held.discard(partition)
+            return set()
+        taken: set[int] = set()
+        # Start at a different partition in each process, so joiners do not all race for one.
+        start = os.getpid() % len(partitions) if partitions else 0
+        for partition in partitions[start:] + partitions[:start]:
+            if len(self._held) >= share:
+                break
+            if partition in self._held:
+                continue
+            if await conn.fetchval(
+                "SELECT pg_try_advisory_lock($1::int4, $2::int4)", self._class, partition
+            ):
+                self._held.add(partition)
+                taken.add(partition)
         return taken
 
     async def check(self) -> bool:

@@ -337,11 +337,13 @@ class Projector:
         assert self._reader is not None and self._identity is not None
         if not await self.locks.check():
             log.warning("lost the partition locks (PostgreSQL session ended); standing down")
-        held = self.locks.held()
-        dropped = set(self._owned) - held
+        taken = await self.locks.acquire(range(self._identity.partitions))
+        # After acquiring: with shared ownership, acquiring may release partitions above the
+        # share, and those must not be applied once another process can take them.
+        dropped = set(self._owned) - self.locks.held()
         for partition in dropped:
             self._owned.pop(partition)
-        taken = await self.locks.acquire(range(self._identity.partitions))
+            log.info("released partition %d", partition)
         resync = (taken | self._resync) & self.locks.held()
         self._resync.clear()
         if taken:
