@@ -6,10 +6,10 @@ read from PostgreSQL (the committed `projection_offsets`), from the first commit
 so process start-up and imports are not counted. The floor is a `KafkaLog` reader consuming the
 same partitions of the same topic as fast as it can, decoding nothing.
 
-Three variants: the shipped command; one process without facts publishing (what the projection
-itself costs); and two processes with half the partitions each, facts off. The last one needs
-`benchmarks._projector_proc`: with the shipped ownership (every process tries every partition's
-lock) the first process takes every partition and a second one is a hot standby. Each run stops
+Four variants: the shipped command; two of them with `TOOLLEDGER_PROJECTOR_OWNERSHIP=share`
+(the partitions split between them); one process without facts publishing (what the projection
+itself costs); and two processes with half the partitions each, facts off
+(`benchmarks._projector_proc`, which takes the partitions it is given). Each run stops
 when the backlog is applied or `budget` seconds after its first commit, whichever comes first,
 so a slow variant cannot make `make bench` take forever; the rate says over how many events it
 was measured.
@@ -70,7 +70,7 @@ class Variant:
 
     def commands(self, partitions: int) -> list[list[str]]:
         if self.shipped:
-            return [["-m", "toolledger", "projector", "--status-every", "3600"]]
+            return [["-m", "toolledger", "projector", "--status-every", "3600"]] * self.processes
         extra = [] if self.facts else ["--no-facts"]
         return [
             ["-m", "benchmarks._projector_proc", "--partitions", ",".join(map(str, share)), *extra]
@@ -81,6 +81,7 @@ class Variant:
 SHIPPED = Variant("`toolledger projector` (facts on)", shipped=True)
 NO_FACTS = Variant("1 process, facts off", facts=False)
 TWO_NO_FACTS = Variant("2 processes, half the partitions each, facts off", 2, facts=False)
+TWO_SHARED = Variant("2 x `toolledger projector`, ownership `share` (facts on)", 2, shipped=True)
 
 
 async def projector_catch_up(
@@ -90,7 +91,9 @@ async def projector_catch_up(
     (all of them, or as many as `budget` seconds after its first commit allowed)."""
     schema = scratch.schema("catchup")
     topics = scratch.topics("backlog")
-    settings = {"partitions": backlog.partitions, "batch_size": batch_size}
+    settings: dict[str, object] = {"partitions": backlog.partitions, "batch_size": batch_size}
+    if variant.shipped and variant.processes > 1:
+        settings["projector_ownership"] = "share"
     env = scratch.env(schema, topics, **settings)
     procs: list[asyncio.subprocess.Process] = []
     with tempfile.TemporaryDirectory(prefix="toolledger-bench-") as home:
@@ -157,7 +160,7 @@ async def measure(
     repeat: int,
     batch_size: int = 2000,
     budget: float = 10.0,
-    variants: Sequence[Variant] = (SHIPPED, NO_FACTS, TWO_NO_FACTS),
+    variants: Sequence[Variant] = (SHIPPED, TWO_SHARED, NO_FACTS, TWO_NO_FACTS),
 ) -> list[Row]:
     consumed: list[float] = []
     rates: dict[Variant, list[float]] = {v: [] for v in variants}

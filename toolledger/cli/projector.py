@@ -3,11 +3,11 @@
 Run two or more: ownership of partitions goes through PostgreSQL advisory locks. By default
 the first process takes every free partition and the others are hot standbys; with
 `TOOLLEDGER_PROJECTOR_OWNERSHIP=share` the partitions are split evenly among the processes.
-Either way the survivors take a dead process's partitions within a second (a hung one's within about ten: PostgreSQL ends its idle
-transaction). A lost database connection is survived: positions are re-read when it is back;
-so is a broker that stops answering (the process stands down until it answers again).
-It exits non-zero with the log-identity error when the topic is not the one the ledger was
-built from.
+Either way the survivors take a dead process's partitions within a second (a hung one's
+within about ten: PostgreSQL ends its idle transaction). A lost database connection is
+survived: positions are re-read when it is back; so is a broker that stops answering (the
+process stands down until it answers again). It exits non-zero with the log-identity error
+when the topic is not the one the ledger was built from.
 """
 
 from __future__ import annotations
