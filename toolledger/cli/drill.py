@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import sys
+from collections.abc import Coroutine
 from pathlib import Path
 
 import click
@@ -132,6 +134,9 @@ def drill(
     except (ConfigError, DevStackError, LogError) as exc:
         click.echo(f"toolledger drill: {exc}", err=True)
         sys.exit(2)
+    except asyncio.CancelledError:
+        click.echo("toolledger drill: stopped by a signal; its processes were stopped", err=True)
+        sys.exit(143)
     console.print(render(report))
     if report.ok:
         console.print(f"[green]every check held[/] (seed {seed})")
@@ -157,4 +162,19 @@ def _run(config: DrillConfig, console: Console) -> DrillReport:
         def progress(finished: int, total: int, kills: int) -> None:
             bar.update(task, completed=finished, total=total, kills=kills)
 
-        return asyncio.run(run_drill(config, progress))
+        return asyncio.run(_until_signalled(run_drill(config, progress)))
+
+
+async def _until_signalled(drill: Coroutine[object, object, DrillReport]) -> DrillReport:
+    """Run the drill; SIGTERM or SIGINT cancels it, so that its cleanup still runs (every
+    process it started is killed by pid, its schemas and topics dropped) before the exit."""
+    task = asyncio.current_task()
+    assert task is not None
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, task.cancel)
+    try:
+        return await drill
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
