@@ -242,3 +242,16 @@ def test_an_unfinished_run_and_too_few_kills_are_violations() -> None:
     evidence.snapshot.runs["r1"] = RunRecord(run_id="r1", tenant_id=TENANT, version=5)
     evidence.kills = 0
     assert {"every run finished", "runtime kills as requested"} <= _failed(evidence)
+
+
+def test_the_drill_command_refuses_more_kills_than_its_work_can_absorb() -> None:
+    """400 runs cannot absorb 2,000 kills (a run of that shape delivered 1,409 and failed its
+    kill check): the command must say so before it starts anything."""
+    from click.testing import CliRunner
+
+    from toolledger.cli.drill import drill, kill_capacity
+
+    assert kill_capacity(1000, 5) == 4500 and kill_capacity(400, 5) == 1800
+    result = CliRunner().invoke(drill, ["--runs", "400", "--kills", "2000"])
+    assert result.exit_code == 2
+    assert "--kills" in result.output and "at most 1800" in result.output

@@ -110,6 +110,14 @@ def drill(
 ) -> None:
     """Kill runtimes, projectors and reconcilers at random points, then check the ledger."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    absorbable = kill_capacity(runs, calls_per_run)
+    if kills > absorbable:
+        raise click.BadParameter(
+            f"{kills} kills are more than {runs} runs x {calls_per_run} calls can absorb: kills "
+            f"are spread over the first three quarters of the work, at most {absorbable} here "
+            "(about two kills per run is what the drills are sized for)",
+            param_hint="--kills",
+        )
     config = DrillConfig(
         runs=runs,
         calls=calls_per_run,
@@ -146,6 +154,12 @@ def drill(
     names = ", ".join(c.name for c in report.violations)
     console.print(f"[red]VIOLATED[/]: {names}. Seed {seed}; logs in {report.home}")
     sys.exit(1)
+
+
+def kill_capacity(runs: int, calls: int) -> int:
+    """The most kills a drill of this size can deliver: one per step (a model call or a tool
+    call) in the first three quarters of the work, where the driver spreads them."""
+    return (3 * runs * (calls + 1)) // 4
 
 
 def _run(config: DrillConfig, console: Console) -> DrillReport:
