@@ -1,7 +1,8 @@
 """The long drill, `toolledger drill --runs 1000 --kills 2000`: behind `pytest --drills`.
 
-It is the CI drill twenty times over (about half an hour on a two-core machine); docs/DRILLS.md
-has the summary table of a run. `TOOLLEDGER_DRILL_SEED` picks the seed.
+It is the CI drill twenty times over. It has not completed on this two-core machine yet;
+docs/DRILLS.md says why and has the table of the half-size drill. `TOOLLEDGER_DRILL_SEED`
+picks the seed.
 """
 
 from __future__ import annotations
