@@ -253,19 +253,27 @@ class Dispatcher:
             self.held.setdefault(run, set()).add(spare.name)
 
     def _plan(self) -> tuple[KillPlan, float | None]:
+        if self.kills_done >= self.config.kills:
+            return KillPlan(), None
+        # Spread the kills over the first three quarters of the work (in the last quarter few
+        # runs are left, and a run whose call must wait for its deadline to pass waits alone):
+        # about as many calls between two kills as calls left for kills per kill left.
+        work_left = sum(self.config.calls + 1 - self._done.get(r, 0) for r in self.pending)
+        spread = work_left - 0.25 * (self.config.calls + 1) * self.config.runs
+        if spread <= 0:
+            # The last quarter while kills are owed: every worker dies at its first model call.
+            # No run can finish without one, so the budget is spent before the last run
+            # finishes. Plans of live workers are not counted here (one that never fires, an
+            # external kill that comes after its worker finished, must not leave the budget
+            # unspent), so the last kills may overshoot it by a few.
+            return KillPlan("model", 1), None
         planned = sum(1 for w in self.live if w.plan.point or w.external_after is not None)
         left = self.config.kills - self.kills_done - planned
         if left <= 0:
             return KillPlan(), None
         if self.rng.random() < self.config.external_share:
             return KillPlan(), self.rng.uniform(0.02, 1.5)
-        # Spread the kills over the first three quarters of the work (in the last quarter few
-        # runs are left, and a run whose call must wait for its deadline to pass waits alone):
-        # about as many calls between two kills as calls left for kills per kill left. Once
-        # that is under one, die at the first model call: no run can finish without one, so
-        # the budget is always spent before the last run finishes.
-        work_left = sum(self.config.calls + 1 - self._done.get(r, 0) for r in self.pending)
-        mean = (work_left - 0.25 * (self.config.calls + 1) * self.config.runs) / left
+        mean = spread / left
         if mean <= 1:
             return KillPlan("model", 1), None
         nth = self.rng.randint(1, max(1, math.floor(2 * mean) - 1))
