@@ -11,7 +11,6 @@ verdict) share one PostgreSQL connection of their own, opened on first use
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -38,6 +37,8 @@ log = logging.getLogger("toolledger.stack")
 #: at once and aiokafka keeps one request in flight per broker, so with its 16 KB default
 #: (8 facts of ~2 KB) publishing capped catch-up below 1,000 events/s here (BENCHMARKS.md).
 FACTS_BATCH_BYTES = 512 * 1024
+#: Seconds `LedgerStack.close` waits for each of its background tasks after cancelling it.
+TASK_STOP_TIMEOUT = 15.0
 
 
 @dataclass
@@ -150,8 +151,15 @@ class LedgerStack:
             self.projector.stop()
         for task in self._tasks:
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+            # Bounded: closing must not hang on a task stuck in a call that ignores
+            # cancellation for a while (a client library's own shutdown, say).
+            done, _ = await asyncio.wait({task}, timeout=TASK_STOP_TIMEOUT)
+            if not done:
+                log.warning(
+                    "%s did not stop in %ss; leaving it", task.get_name(), TASK_STOP_TIMEOUT
+                )
+            elif not task.cancelled():
+                task.exception()  # retrieved, as before: whoever cares reads the task itself
         await self.waiter.close()
         for listener in self._listeners:
             await listener.close()

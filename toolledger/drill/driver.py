@@ -41,6 +41,7 @@ from toolledger.drill.model import TENANT
 from toolledger.drill.procs import Proc, Procs
 from toolledger.drill.worker import entry as worker_entry
 from toolledger.drill.worker import write_order
+from toolledger.projections.dberrors import DATABASE_ERRORS
 from toolledger.runtime.ledger import Ledger
 
 log = logging.getLogger("toolledger.drill")
@@ -184,9 +185,14 @@ class Dispatcher:
     # -- the work list ---------------------------------------------------------------------------
 
     async def _runnable(self) -> list[str]:
-        self._states = await self.db.run_states(TENANT)
-        self._done = await self.db.completed_calls(TENANT)
-        resumable = {r.run_id async for r in self.ledger.resumable_runs(follow=False)}
+        try:
+            states = await self.db.run_states(TENANT)
+            done = await self.db.completed_calls(TENANT)
+            resumable = {r.run_id async for r in self.ledger.resumable_runs(follow=False)}
+        except DATABASE_ERRORS as exc:  # PostgreSQL restarting: the next refresh tries again
+            log.warning("work list not refreshed (%s)", exc)
+            return []
+        self._states, self._done = states, done
         out = []
         for run in list(self.pending):
             if self.held.get(run):

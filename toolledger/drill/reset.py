@@ -38,9 +38,12 @@ async def broker_reset(
     """Reset the drill's private broker; the checks of what must follow (module docstring)."""
     before = await stack.store.digest()
     projectors = [chaos.start_projector(), chaos.start_projector()]
-    for _ in range(300):
+    # Both running, not only the partitions owned: a projector still connecting when the broker
+    # goes away fails its start (status 4), which says nothing about how running ones react.
+    for _ in range(600):
         owners = await dispatcher.db.lock_owners()
-        if len(owners) == partitions:
+        running = all("owns [" in p.output() for p in projectors)
+        if len(owners) == partitions and running:
             break
         await asyncio.sleep(0.1)
     await asyncio.to_thread(services.reset_broker)

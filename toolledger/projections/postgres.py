@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import os
 import uuid
 from collections.abc import Collection, Iterable, Mapping, Sequence
@@ -205,6 +206,9 @@ def _verdict_values(v: Verdict, h: HistoryEntry) -> tuple[Any, ...]:
     return (v.event_id, h.partition, h.offset, v.accepted, v.reason, v.model_dump_json())
 
 
+log = logging.getLogger("toolledger.store")
+#: Seconds `PostgresLedger.close` waits for the pool's connections before terminating them.
+CLOSE_TIMEOUT = 10.0
 #: The largest batch written by one statement without an explicit transaction (`batch_sql`);
 #: larger ones (catch-up) take the transaction where COPY overlaps the fold.
 SMALL_BATCH = 64
@@ -368,9 +372,15 @@ class PostgresLedger(LedgerStore):
             await migrate(conn, self._schema)
 
     async def close(self) -> None:
+        """Close the pool: gracefully within `CLOSE_TIMEOUT`, else by terminating it (a
+        connection still held by a stuck query must not make closing hang forever)."""
         if self._pool is not None:
             pool, self._pool = self._pool, None
-            await pool.close()
+            try:
+                await asyncio.wait_for(pool.close(), CLOSE_TIMEOUT)
+            except TimeoutError:
+                log.warning("the ledger pool did not close in %ss; terminating it", CLOSE_TIMEOUT)
+                pool.terminate()
 
     @property
     def _db(self) -> asyncpg.Pool[asyncpg.Record]:
