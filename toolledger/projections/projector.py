@@ -194,8 +194,11 @@ class Projector:
 
     async def run(self) -> None:
         """Project until `stop()`; raises `LogIdentityError` if the log is not the ledger's."""
-        self._identity = await self._first_identity()
-        await self.store.bind_log(self._identity)
+        identity = await self._answering_identity(retry_first=False)
+        if identity is None:  # stopped before the broker ever answered
+            return
+        self._identity = identity
+        await self.store.bind_log(identity)
         self._reader = self.log.reader()
         watch = asyncio.create_task(self._watch_identity(), name="toolledger-identity-watch")
         try:
@@ -224,10 +227,15 @@ class Projector:
             await self._reader.close()
             await self.locks.close()
 
-    async def _first_identity(self) -> LogIdentity:
-        """The log's identity at start; a broker that does not answer is waited for, as when
-        it stops answering later (`_lost_broker`)."""
-        while True:
+    async def _answering_identity(self, *, retry_first: bool) -> LogIdentity | None:
+        """The log's identity once the broker answers (None if stopped first), at start and
+        after losing the broker (`_lost_broker`). A topic that is gone or holds another epoch
+        raises `LogIdentityError`; a broker that does not answer is retried every
+        `broker_retry` seconds (first waited for when `retry_first`)."""
+        while not self._stopping.is_set():
+            if retry_first:
+                await asyncio.sleep(self.broker_retry)
+            retry_first = True
             try:
                 return await self.log.identity()
             except LogIdentityError:
@@ -235,10 +243,8 @@ class Projector:
             except TopicMissing as exc:
                 raise _gone(exc) from exc
             except LogError as exc:
-                if self._stopping.is_set():
-                    raise
-                log.warning("cannot read the log identity yet (%s); retrying", exc)
-                await asyncio.sleep(self.broker_retry)
+                log.warning("cannot read the log identity (%s); retrying", exc)
+        return None
 
     async def _lost_database(self, exc: BaseException) -> None:
         """PostgreSQL went away mid-batch (a restart, a failover, a killed session).
@@ -278,20 +284,10 @@ class Projector:
         with contextlib.suppress(LogError):
             await self._reader.close()
         self._reader = self.log.reader()
-        while not self._stopping.is_set():
-            await asyncio.sleep(self.broker_retry)
-            try:
-                identity = await self.log.identity()
-            except LogIdentityError:
-                raise
-            except TopicMissing as gone:
-                raise _gone(gone) from gone
-            except LogError as again:
-                log.warning("Kafka still unavailable (%s)", again)
-                continue
+        identity = await self._answering_identity(retry_first=True)
+        if identity is not None:
             await self.store.bind_log(identity)
             log.info("Kafka answers again; taking partitions")
-            return
 
     async def _watch_identity(self) -> None:
         """Re-read offset 0 every few seconds while running.
