@@ -7,6 +7,7 @@ import contextlib
 import os
 import socket
 import sys
+import time
 import urllib.request
 from datetime import UTC, datetime
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests import builders as b
+from toolledger.processors.analytics import WINDOW_S
 from toolledger.settings import Settings
 from toolledger.stack import LedgerStack
 
@@ -71,12 +73,21 @@ async def test_calls_by_status_and_the_per_minute_unknown_rate_are_exported(
         stderr=asyncio.subprocess.PIPE,
     )
     try:
+        # The rate gauge shows the window (minute) the wall clock is in; the two indeterminate
+        # calls happen in it, at one instant. Start with at least 40 s of the window left, so
+        # that the window cannot end between the calls and the scrape (this test takes a few
+        # seconds; the check below says so if it ever outlives its window).
+        left = WINDOW_S - time.time() % WINDOW_S
+        if left < 40:
+            await asyncio.sleep(left + 0.1)
+        window = int(time.time() // WINDOW_S)
+        now = datetime.now(UTC)
         for n in range(6):
             r = b.reserved(f"run-{n}", "c1")
             await stack.commands.append_and_await(r, 10)
             second = b.completed(r) if n < 4 else b.indeterminate(r)
             # rates are per minute of the request's own time: make these happen now
-            second = second.model_copy(update={"occurred_at": datetime.now(UTC)})
+            second = second.model_copy(update={"occurred_at": now})
             await stack.commands.append_and_await(second, 10)
         await stack.commands.append_and_await(b.reserved("run-0", "c1"), 10)  # rejected
         label = (("status", "completed"), ("tenant", "acme"), ("tool", "billing.issue_credit"))
@@ -103,6 +114,9 @@ async def test_calls_by_status_and_the_per_minute_unknown_rate_are_exported(
                 break
             await asyncio.sleep(0.2)
         ours = {k: v for k, v in got.items() if k[0].startswith("toolledger_")}
+        assert int(time.time() // WINDOW_S) == window or all(
+            got.get(k) == v for k, v in want.items()
+        ), f"the test outlived its rate window (over 40 s); got {ours}"
         assert all(got.get(k) == v for k, v in want.items()), ours
         started = (("status", "started"), ("tenant", "acme"), ("tool", "billing.issue_credit"))
         assert got.get(("toolledger_calls", started), 0.0) == 0.0
