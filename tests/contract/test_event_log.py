@@ -319,6 +319,24 @@ class TestKafkaLog(EventLogTestCase):
     def new_log(self, topic: str) -> EventLog:
         return KafkaLog(self.bootstrap, topic, identity_wait=0.5)
 
+    async def test_an_identity_check_reads_a_bounded_prefix_of_a_long_log(self, logs: Logs) -> None:
+        """Runtimes check the identity when they connect and projectors every few seconds: the
+        check must not read the whole log (tansu ignores the per-partition fetch cap, so a check
+        that relied on it downloaded and decoded every record, slower as the log grew)."""
+        writer = await logs.open()
+        identity = await writer.ensure_topic(2)
+        body = b"x" * 1024
+        appended = 0
+        for chunk in range(12):
+            await asyncio.gather(*(writer.append(f"run-{chunk}-{i}", body) for i in range(100)))
+            appended += 100
+        checker = await logs.open()
+        assert isinstance(checker, KafkaLog)
+
+        assert await checker.identity() == identity
+        # Two markers wanted; each fetch is capped at 64 KB, about 60 records of this size.
+        assert 2 <= checker.identity_records_fetched <= 200 < appended
+
 
 del EventLogTestCase
 

@@ -52,6 +52,10 @@ _NO_ERROR = 0
 _UNKNOWN_TOPIC = 3
 _TOPIC_EXISTS = 36
 
+#: The most an identity check asks for per fetch, in total and per partition. The broker still
+#: returns a whole first batch when it is larger, so the marker always arrives.
+IDENTITY_FETCH_BYTES = 64 * 1024
+
 
 class KafkaLog(EventLog):
     """An `EventLog` on one Kafka topic.
@@ -97,6 +101,9 @@ class KafkaLog(EventLog):
         self._producer: AIOKafkaProducer | None = None
         self._topic_seen = False
         self._topic_check = asyncio.Lock()
+        #: Records the identity checks received, for diagnostics: a check needs one per
+        #: partition, and fetches are capped so it never reads much more, however long the log.
+        self.identity_records_fetched = 0
 
     async def start(self) -> None:
         if self._producer is not None:
@@ -274,7 +281,13 @@ class KafkaLog(EventLog):
         to come, is waited for up to the request timeout and then raises a retriable
         `LogError`: a slow broker is not a lost log.
         """
-        consumer = self._consumer(max_partition_fetch_bytes=64 * 1024)
+        # Only the first record of each partition is wanted, so every fetch is capped in total
+        # as well as per partition: tansu honours only the total cap (default 50 MB), and without
+        # it each identity check shipped and decoded the whole topic, a cost that grew with the
+        # log until a long drill's runtimes and projectors starved the broker.
+        consumer = self._consumer(
+            max_partition_fetch_bytes=IDENTITY_FETCH_BYTES, fetch_max_bytes=IDENTITY_FETCH_BYTES
+        )
         first: dict[int, LogRecord | None] = dict.fromkeys(range(partitions))
         unread: list[int] = []
         try:
@@ -294,6 +307,7 @@ class KafkaLog(EventLog):
                     timeout_ms=max(1, int(min(give_up - now, 0.2) * 1000))
                 )
                 for tp, records in batch.items():
+                    self.identity_records_fetched += len(records)
                     if records and first[tp.partition] is None:
                         first[tp.partition] = _record(min(records, key=lambda r: r.offset))
                         consumer.pause(tp)
