@@ -102,7 +102,8 @@ class LedgerStack:
         for topic in (events, facts, dlq):
             await topic.start()
         if create_topics:
-            await events.ensure_topic(settings.partitions)
+            # Not read when it exists: a projector checks the identity when it takes partitions.
+            await events.ensure_exists(settings.partitions)
             await facts.create_topic(settings.partitions)
             await dlq.create_topic(1)
         store = PostgresLedger(

@@ -222,6 +222,28 @@ class EventLogTestCase(ABC):
         with pytest.raises(LogIdentityError, match="ordinary record"):
             await log.ensure_topic(1)
 
+    async def test_ensure_exists_creates_a_missing_topic_with_its_markers(self, logs: Logs) -> None:
+        log = await logs.open()
+
+        await log.ensure_exists(2)
+
+        identity = await log.identity()
+        assert identity.partitions == 2
+        assert await log.ensure_topic(2) == identity
+
+    async def test_ensure_exists_leaves_an_existing_topic_unread(self, logs: Logs) -> None:
+        """What a runtime calls at each start: it neither reads nor judges offset 0 of an
+        existing topic (the projector does), and it never adds a marker."""
+        log = await logs.open()
+        assert await log.create_topic(1)
+        assert (await log.append("run-d", b"ordinary")).offset == 0
+
+        await log.ensure_exists(1)
+
+        assert (await log.append("run-d", b"next")).offset == 1
+        with pytest.raises(LogIdentityError, match="ordinary record"):
+            await log.ensure_topic(1)
+
     async def test_identity_of_a_topic_with_an_empty_partition_raises(self, logs: Logs) -> None:
         """A broker that lost its data (tansu after a restart) shows up as empty partitions."""
         log = await logs.open()

@@ -61,6 +61,9 @@ class _FlakyLog(EventLog):
     async def ensure_topic(self, partitions: int) -> LogIdentity:
         return await self._inner.ensure_topic(partitions)
 
+    async def ensure_exists(self, partitions: int) -> None:
+        await self._inner.ensure_exists(partitions)
+
     async def create_topic(self, partitions: int) -> bool:
         return await self._inner.create_topic(partitions)
 

@@ -145,6 +145,14 @@ class KafkaLog(EventLog):
     async def ensure_topic(self, partitions: int) -> LogIdentity:
         if not await self._create(partitions):
             return await self.identity()
+        return await self._mark(partitions)
+
+    async def ensure_exists(self, partitions: int) -> None:
+        if await self._create(partitions):
+            await self._mark(partitions)
+
+    async def _mark(self, partitions: int) -> LogIdentity:
+        """Write the epoch markers of a topic this process just created."""
         await self._await_partitions(partitions)
         identity = LogIdentity(self.topic, uuid.uuid4(), partitions)
         marker = epoch_marker(self.topic, identity.epoch, partitions)

@@ -241,6 +241,18 @@ class EventLog(ABC):
         """
 
     @abstractmethod
+    async def ensure_exists(self, partitions: int) -> None:
+        """Create the topic with epoch markers if it does not exist; an existing topic is left
+        as it is, unread.
+
+        For processes that only append (runtimes). The identity is the projector's to check, on
+        ownership and every few seconds, against the one the ledger was built from; a runtime
+        has nothing to compare it with, and reading offset 0 of every partition at each start
+        is not free on every broker (tansu lists a partition's whole history to serve a fetch
+        from offset 0).
+        """
+
+    @abstractmethod
     async def create_topic(self, partitions: int) -> bool:
         """Create the topic without epoch markers (dead letters, facts); True if this call did.
 

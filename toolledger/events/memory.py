@@ -123,9 +123,16 @@ class MemoryLog(EventLog):
         return self._ensure(partitions)
 
     def _ensure(self, partitions: int) -> LogIdentity:
+        return self._create_marked(partitions) or self._identity()
+
+    async def ensure_exists(self, partitions: int) -> None:
+        self._create_marked(partitions)
+
+    def _create_marked(self, partitions: int) -> LogIdentity | None:
+        """The new identity if this call created the topic (with its markers), else None."""
         topic = self.broker._create(self.topic, partitions)
         if topic is None:
-            return self._identity()
+            return None
         identity = LogIdentity(self.topic, uuid.uuid4(), partitions)
         marker = epoch_marker(self.topic, identity.epoch, partitions)
         for partition in range(partitions):
