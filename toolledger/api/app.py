@@ -8,6 +8,7 @@ PostgreSQL ledger, memory for the embedded one.
 
 Besides `/v1/tool-executions` (`toolledger.api.routes`) it serves:
 
+- `/console`: the operator console, HTML pages over the same service (`toolledger.api.console`);
 - `/healthz`: the process is up;
 - `/readyz`: PostgreSQL answers, a projector has bound the events topic, and this process's
   operator commands are getting verdicts (none is stuck, the last one did not time out);
@@ -37,6 +38,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from toolledger.api import metrics
 from toolledger.api.auth import ApiContext, ApiError, api_context
 from toolledger.api.compensation import RuntimeCompensator
+from toolledger.api.console import Sessions, mount_console
 from toolledger.api.errors import (
     Conflict,
     InvalidRequest,
@@ -80,11 +82,13 @@ def create_app(
     tokens: TokenStore | None = None,
     tools: Mapping[str, Tool[Any, Any]] | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
+    console_sessions: Sessions | None = None,
 ) -> FastAPI:
     """The operator API over `source` (see the module docstring), configured by `settings`.
 
     `tools` (tool name -> `Tool`) lets the API run compensations; without it, compensating is
-    refused with 409 saying so. Raises `ConfigError` when no signing key is configured.
+    refused with 409 saying so. `console_sessions` is the console's session store (default: a
+    new in-memory one). Raises `ConfigError` when no signing key is configured.
     """
     if not isinstance(source, OperatorService) and not settings.signing_keys:
         raise ConfigError(
@@ -120,6 +124,7 @@ def create_app(
     if isinstance(source, LedgerStack | OperatorService):
         app.state.toolledger = _context(source, settings, tokens, tools)
     app.include_router(router)
+    mount_console(app, console_sessions)
     _health_routes(app)
     _error_handlers(app)
     app.add_middleware(_BodyLimit, max_bytes=max_body_bytes)
