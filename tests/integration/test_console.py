@@ -256,3 +256,137 @@ async def test_an_operator_resolves_a_real_unknown_call_and_a_stale_second_opera
     refused = [h for h in await stack.store.history(key) if not h.accepted]
     assert [(h.event_type, h.actor) for h in refused] == [("call_resolved", "operator:bob")]
     assert sorted(p.name for p in tmp_path.glob("*.png")) == ["detail.png", "queue.png"]
+
+
+async def test_an_operator_approves_rejects_and_compensates_from_the_console(
+    console: str,
+    stack: LedgerStack,
+    tokens: PostgresTokens,
+    playwright: Playwright,
+    tmp_path: Path,
+) -> None:
+    """Approval, rejection and compensation each go through the form to the ledger, and the
+    answer page shows the record the ledger now holds (compensation: both calls)."""
+    calls = s.Calls(stack)
+    waiting = await calls.reserve("run-a", requires_approval=True)
+    refused = await calls.reserve("run-b", requires_approval=True)
+    done = await calls.completed("run-c")
+
+    async with desk(playwright, tmp_path, console, tokens, "carol") as carol:
+        page = carol.page
+        await carol.open(waiting.key)
+        await page.get_by_label("Reason (required)").fill("amount within the customer's limit")
+        await page.get_by_role("button", name="Approve").click()
+        await expect(page.get_by_role("heading", level=1)).to_have_text("Applied: approve")
+        await expect(page.locator(".record")).to_contain_text("approved")
+
+        await carol.open(refused.key)
+        await page.get_by_label("Reason (required)").fill("duplicate of an earlier credit")
+        await page.get_by_role("button", name="Reject").click()
+        await expect(page.get_by_role("heading", level=1)).to_have_text("Applied: reject")
+        await expect(page.locator(".record")).to_contain_text("failed (not attempted)")
+
+        await carol.open(done.key, view="completed")
+        await page.get_by_label("Reason (required)").fill("customer refunded by hand")
+        await page.get_by_role("button", name="Compensate").click()
+        await expect(page.get_by_role("heading", level=1)).to_have_text("Applied: compensate")
+        await expect(
+            page.get_by_role("table", name=f"Record of {done.key}", exact=True)
+        ).to_contain_text("compensated")
+        compensation = page.get_by_role("table", name=f"Record of {done.key}:compensate")
+        await expect(compensation).to_contain_text("completed")
+
+    by_key = {k: await stack.store.get_call(k) for k in (waiting.key, refused.key, done.key)}
+    statuses = {k: r.status for k, r in by_key.items() if r is not None}
+    assert statuses == {waiting.key: "approved", refused.key: "failed", done.key: "compensated"}
+    assert s.voided == [done.key]
+    requested = [h for h in await stack.store.history(done.key) if h.accepted]
+    assert ("compensation_requested", "operator:carol") in [
+        (h.event_type, h.actor) for h in requested
+    ]
+
+
+async def test_a_viewer_has_no_controls_and_forged_or_csrf_less_posts_are_refused(
+    console: str,
+    stack: LedgerStack,
+    tokens: PostgresTokens,
+    playwright: Playwright,
+    tmp_path: Path,
+) -> None:
+    """A viewer's page has no decision buttons, and a resolve posted with the viewer's own
+    session and CSRF token is refused (403) anyway; an operator's post without the CSRF token,
+    or with a wrong one, is refused (403) with a message. The call stays as it was."""
+    unknown = await s.Calls(stack).indeterminate("run-v", "call/9")
+    before = await stack.store.get_call(unknown.key)
+    async with (
+        desk(playwright, tmp_path, console, tokens, "victor", role="viewer") as viewer,
+        desk(playwright, tmp_path, console, tokens, "olga") as operator,
+    ):
+        await viewer.open(unknown.key)
+        await expect(viewer.page.locator("main form")).to_have_count(0)
+        await expect(viewer.page.locator("main button")).to_have_count(0)
+        await expect(viewer.page.get_by_role("button")).to_have_text(["Sign out"])
+
+        form = {
+            "csrf_token": await viewer.csrf(),
+            "key": unknown.key,
+            "outcome": "failed",
+            "reason": "forged by a viewer",
+        }
+        forged = await viewer.context.request.post(
+            f"{console}/console/call/resolve", form=form, max_redirects=0
+        )
+        assert forged.status == 403
+        assert "has role viewer; this needs role operator" in await forged.text()
+
+        await operator.open(unknown.key)
+        form = {"key": unknown.key, "outcome": "failed", "reason": "no CSRF token"}
+        for csrf in (None, "not-the-session-token"):
+            sent = form if csrf is None else {**form, "csrf_token": csrf}
+            answer = await operator.context.request.post(
+                f"{console}/console/call/resolve", form=sent, max_redirects=0
+            )
+            assert answer.status == 403
+            assert "CSRF token is missing or wrong" in await answer.text()
+
+    assert await stack.store.get_call(unknown.key) == before
+    assert "call_resolved" not in [h.event_type for h in await stack.store.history(unknown.key)]
+
+
+async def test_tenant_b_sees_nothing_of_tenant_a(
+    console: str,
+    stack: LedgerStack,
+    tokens: PostgresTokens,
+    playwright: Playwright,
+    tmp_path: Path,
+) -> None:
+    """Globex's operator sees none of acme's calls in the queue or its counts, gets "not
+    found" for acme's key, and cannot resolve it by posting its key."""
+    calls = s.Calls(stack)
+    secret = await calls.indeterminate("run-acme")
+    own = await calls.indeterminate("run-globex", tenant="globex")
+    before = await stack.store.get_call(secret.key)
+    async with desk(playwright, tmp_path, console, tokens, "gus", tenant="globex") as gus:
+        page = gus.page
+        await page.goto(f"{console}/console/queue?status=indeterminate")
+        keys = await page.locator("tbody tr").evaluate_all("rows => rows.map(r => r.dataset.key)")
+        assert keys == [own.key]
+        counts = page.get_by_role("region", name="Calls per status")
+        await expect(counts).to_contain_text("1 indeterminate")
+        await page.goto(f"{console}/console/queue?status=unsettled&run=run-acme")
+        await expect(page.get_by_role("status")).to_contain_text("Nothing here")
+
+        shown = await page.goto(f"{console}/console/call?key={secret.key}")
+        assert shown is not None and shown.status == 404
+        await expect(page.get_by_role("alert")).to_contain_text("no tool execution")
+        await expect(page.locator("main")).not_to_contain_text("a-7")
+
+        form = {
+            "csrf_token": await gus.csrf(),
+            "key": secret.key,
+            "outcome": "failed",
+            "reason": "reaching across tenants",
+        }
+        answer = await gus.context.request.post(f"{console}/console/call/resolve", form=form)
+        assert answer.status == 404
+    assert await stack.store.get_call(secret.key) == before
