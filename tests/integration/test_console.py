@@ -34,6 +34,9 @@ from toolledger.stack import LedgerStack
 # The browser install (first test only) is not part of a test's time; the test body is.
 pytestmark = pytest.mark.timeout(120, func_only=True)
 
+#: A form as Playwright's request API types it.
+Form = dict[str, str | float | bool]
+
 payments = Toolset("payments")
 
 
@@ -327,7 +330,7 @@ async def test_a_viewer_has_no_controls_and_forged_or_csrf_less_posts_are_refuse
         await expect(viewer.page.locator("main button")).to_have_count(0)
         await expect(viewer.page.get_by_role("button")).to_have_text(["Sign out"])
 
-        form = {
+        form: Form = {
             "csrf_token": await viewer.csrf(),
             "key": unknown.key,
             "outcome": "failed",
@@ -341,6 +344,7 @@ async def test_a_viewer_has_no_controls_and_forged_or_csrf_less_posts_are_refuse
 
         await operator.open(unknown.key)
         form = {"key": unknown.key, "outcome": "failed", "reason": "no CSRF token"}
+        sent: Form
         for csrf in (None, "not-the-session-token"):
             sent = form if csrf is None else {**form, "csrf_token": csrf}
             answer = await operator.context.request.post(
@@ -381,7 +385,7 @@ async def test_tenant_b_sees_nothing_of_tenant_a(
         await expect(page.get_by_role("alert")).to_contain_text("no tool execution")
         await expect(page.locator("main")).not_to_contain_text("a-7")
 
-        form = {
+        form: Form = {
             "csrf_token": await gus.csrf(),
             "key": secret.key,
             "outcome": "failed",

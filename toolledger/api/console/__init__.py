@@ -35,7 +35,7 @@ __all__ = ["Sessions", "mount_console"]
 
 def mount_console(app: FastAPI, sessions: Sessions | None = None) -> None:
     """Serve the console under `/console` on `app`, with `sessions` (default: a new store)."""
-    app.state.console_sessions = sessions or Sessions()
+    app.state.console_sessions = sessions if sessions is not None else Sessions()
     app.include_router(pages.router)
     app.include_router(actions.router)
     app.mount(f"{PREFIX}/static", StaticFiles(directory=HERE / "static"), name="console-static")

@@ -22,6 +22,7 @@ so an id planted before sign-in is worth nothing after it.
 from __future__ import annotations
 
 import secrets
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -73,7 +74,8 @@ class Sessions:
         self.idle = idle
         self.lifetime = lifetime
         self.clock = clock
-        self._by_id: dict[str, Session] = {}
+        # Least recently seen first: expiry and eviction only ever look at the front.
+        self._by_id: OrderedDict[str, Session] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._by_id)
@@ -103,6 +105,7 @@ class Sessions:
             return None
         session = replace(session, seen_at=now)
         self._by_id[session.session_id] = session
+        self._by_id.move_to_end(session.session_id)
         return session
 
     def end(self, session_id: str) -> None:
@@ -114,9 +117,10 @@ class Sessions:
         return now - session.seen_at >= idle or now - session.created_at >= self.lifetime
 
     def _prune(self, now: datetime) -> None:
-        for session in [s for s in self._by_id.values() if self._expired(s, now)]:
-            del self._by_id[session.session_id]
-        if len(self._by_id) >= MAX_SESSIONS:
-            oldest = sorted(self._by_id.values(), key=lambda s: s.seen_at)
-            for session in oldest[: len(self._by_id) - MAX_SESSIONS + 1]:
-                del self._by_id[session.session_id]
+        """Drop expired sessions from the least recently seen end, then the oldest beyond the
+        cap. A session expired in the middle is dropped when it is next asked for."""
+        while self._by_id:
+            oldest = next(iter(self._by_id.values()))
+            if not self._expired(oldest, now) and len(self._by_id) < MAX_SESSIONS:
+                break
+            self._by_id.popitem(last=False)
