@@ -28,6 +28,7 @@ from toolledger.api import create_app
 from toolledger.api.app import close_stack
 from toolledger.api.console.web import dom_id
 from toolledger.api.tokens import PostgresTokens, Role
+from toolledger.events.models import RunCheckpointed, RunPaused, RunStarted
 from toolledger.settings import Settings
 from toolledger.stack import LedgerStack
 
@@ -179,6 +180,11 @@ async def test_an_operator_resolves_a_real_unknown_call_and_a_stale_second_opera
     """An indeterminate payout made by a real `ledger.call` is in the queue (its key holds `:`
     and `/`); alice resolves it with a reason and sees it in the history; bob, whose page still
     shows the old version, is refused (409) and told who settled it and why."""
+    key = "run-7:toolu/01"
+    calls = s.Calls(stack)
+    run = {"key": "run-7", "run_id": "run-7", "tenant_id": "acme"}
+    await calls.apply(RunStarted(**run, agent="payout-bot"))
+    await calls.apply(RunCheckpointed(**run, expected_version=0, tool_call_ids=("toolu/01",)))
     ledger = Ledger.from_stack(stack, signing_keys=s.KEYS)
     with pytest.raises(ToolCallIndeterminate):
         await ledger.call(
@@ -187,9 +193,11 @@ async def test_an_operator_resolves_a_real_unknown_call_and_a_stale_second_opera
             tool_call_id="toolu/01",
             tenant_id="acme",
             arguments={"account_id": "a-7", "amount_cents": 2500},
+            run_version=1,
         )
-    key = "run-7:toolu/01"
-    calls = s.Calls(stack)
+    await calls.apply(
+        RunPaused(**run, expected_version=1, reason="awaiting_reconciliation", waiting_on=key)
+    )
     await calls.reserve("run-8", requires_approval=True)
     await calls.reserve("run-9", deadline_in=-60)
     await calls.reserve("run-9", "c2")  # still within its deadline: not an operator's yet
@@ -215,7 +223,9 @@ async def test_an_operator_resolves_a_real_unknown_call_and_a_stale_second_opera
         await bob.open(key)  # bob looks at version 2 and leaves the page open
         await alice.open(key)
         assert "key=run-7%3Atoolu%2F01" in page.url
-        await expect(page.locator(".run-state")).to_contain_text("running")
+        await expect(page.locator(".run-state")).to_contain_text(
+            "awaiting reconciliation: paused until its unknown calls are settled"
+        )
         await page.get_by_label("Completed: the effect happened").check()
         await page.get_by_label("Result, if completed (JSON, optional)").fill('{"payout": "po_7"}')
         await page.get_by_label("Reason (required)").fill("payout po_7 is in the bank portal")
@@ -233,7 +243,6 @@ async def test_an_operator_resolves_a_real_unknown_call_and_a_stale_second_opera
         await expect(decision).to_contain_text("payout po_7 is in the bank portal")
         await expect(page.locator(".chain")).to_contain_text("Chain intact: 3 entries")
         await expect(page.get_by_role("button", name="Resolve")).to_have_count(0)
-        await _shoot(page, tmp_path / "detail.png")
 
         late = bob.page
         await late.get_by_label("Failed: it definitely did not happen").check()
@@ -248,6 +257,13 @@ async def test_an_operator_resolves_a_real_unknown_call_and_a_stale_second_opera
             "Settled by operator alice: “payout po_7 is in the bank portal”"
         )
         await expect(late.get_by_role("alert")).to_contain_text("is completed (version 3)")
+
+        await page.reload()
+        stale = history.locator("tr", has_text="operator:bob")
+        await expect(stale).to_contain_text("status_mismatch")
+        await expect(stale).to_contain_text("rejected: kept as evidence, did not change the call")
+        await expect(page.locator(".chain")).to_contain_text("Chain intact: 4 entries")
+        await _shoot(page, tmp_path / "detail.png")
 
     record = await stack.store.get_call(key)
     assert record is not None
