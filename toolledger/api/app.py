@@ -39,14 +39,7 @@ from toolledger.api import metrics
 from toolledger.api.auth import ApiContext, ApiError, api_context
 from toolledger.api.compensation import RuntimeCompensator
 from toolledger.api.console import Sessions, mount_console
-from toolledger.api.errors import (
-    Conflict,
-    InvalidRequest,
-    Misconfigured,
-    NotFound,
-    OperatorError,
-    Unavailable,
-)
+from toolledger.api.errors import Conflict, OperatorError, http_status
 from toolledger.api.routes import STATUSES, errors, router
 from toolledger.api.schemas import ErrorDetail, ErrorResponse, Health, ToolExecution
 from toolledger.api.service import OperatorService
@@ -65,14 +58,6 @@ MAX_BODY_BYTES = 64 * 1024
 METRICS_REFRESH_S = 5.0
 #: How long /readyz waits for PostgreSQL before calling the API not ready.
 READY_TIMEOUT_S = 2.0
-
-_STATUS_OF: dict[type[OperatorError], int] = {
-    NotFound: 404,
-    InvalidRequest: 422,
-    Conflict: 409,
-    Unavailable: 503,
-    Misconfigured: 500,
-}
 
 
 def create_app(
@@ -266,7 +251,7 @@ def _error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(OperatorError)
     async def operator_error(_request: Request, exc: OperatorError) -> JSONResponse:
-        status = next((s for t, s in _STATUS_OF.items() if isinstance(exc, t)), 500)
+        status = http_status(exc)
         conflict = exc if isinstance(exc, Conflict) else None
         return _error(status, exc.code, exc.message, conflict=conflict)
 

@@ -32,7 +32,7 @@ from toolledger.api.console.web import (
     signed_in,
     to_sign_in,
 )
-from toolledger.api.errors import Conflict, InvalidRequest, NotFound, OperatorError, Unavailable
+from toolledger.api.errors import Conflict, InvalidRequest, OperatorError, http_status
 from toolledger.api.service import Compensation
 from toolledger.api.tokens import TokenRejected, hash_token
 from toolledger.events.records import CallRecord
@@ -40,12 +40,6 @@ from toolledger.events.records import CallRecord
 router = APIRouter(prefix=PREFIX, include_in_schema=False)
 
 Decision = Literal["resolve", "approve", "reject", "compensate"]
-_STATUS_OF: dict[type[OperatorError], int] = {
-    NotFound: 404,
-    InvalidRequest: 422,
-    Conflict: 409,
-    Unavailable: 503,
-}
 
 
 @router.post("/signin")
@@ -108,9 +102,13 @@ async def decide(request: Request, decision: str) -> Response:
             compensation=None,
         )
     except OperatorError as exc:
-        status = next((s for t, s in _STATUS_OF.items() if isinstance(exc, t)), 500)
         return render(
-            request, "error.html", status, signed, title="Not applied", message=exc.message
+            request,
+            "error.html",
+            http_status(exc),
+            signed,
+            title="Not applied",
+            message=exc.message,
         )
     record, compensation = outcome
     return render(

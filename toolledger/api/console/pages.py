@@ -33,7 +33,7 @@ from toolledger.api.console.web import (
     set_session_cookie,
     signed_in,
 )
-from toolledger.api.errors import OperatorError
+from toolledger.api.errors import NotFound, OperatorError, http_status
 from toolledger.api.service import Page
 from toolledger.events.fold import HistoryEntry, broken_chains
 from toolledger.events.records import CallRecord, CallStatus
@@ -102,7 +102,7 @@ async def queue(
         return render(
             request,
             "error.html",
-            422,
+            http_status(exc),
             signed,
             title="The queue cannot be shown",
             message=exc.message,
@@ -166,9 +166,9 @@ async def call_detail(request: Request, key: Annotated[str, Query(max_length=100
     try:
         record, history = await service.show(signed.who, key)
     except OperatorError as exc:
-        status = 404 if exc.code == "not_found" else 422
+        title = "No such call" if isinstance(exc, NotFound) else "The call cannot be shown"
         return render(
-            request, "error.html", status, signed, title="No such call", message=exc.message
+            request, "error.html", http_status(exc), signed, title=title, message=exc.message
         )
     run = await service.run(signed.who, record.run_id)
     return render(
