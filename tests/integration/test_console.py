@@ -211,6 +211,7 @@ async def test_an_operator_resolves_a_real_unknown_call_and_a_stale_second_opera
         await expect(row).to_contain_text("indeterminate")
         await expect(row).to_contain_text("payments.send_payout")
         await expect(row).to_contain_text("the bank did not answer")
+        await expect(row.locator("td").nth(5)).to_have_text("1")  # attempts: the tool ran once
         keys = await page.locator("tbody tr").evaluate_all("rows => rows.map(r => r.dataset.key)")
         # Longest-waiting first: run-9's call was reserved two minutes ago (see `Calls.reserve`).
         assert keys == ["run-9:c1", key, "run-8:c1"]

@@ -200,6 +200,7 @@ async def test_a_key_with_a_slash_is_shown_and_resolved_through_its_query_parame
         ({"outcome": "completed", "reason": "  "}, 422, "a decision needs a reason"),
         ({"outcome": "completed", "reason": "x", "value": "{oops"}, 422, "the value must be JSON"),
         ({"outcome": "maybe", "reason": "x"}, 422, "choose an outcome"),
+        ({"outcome": "failed", "reason": "x", "value": '"cr_1"'}, 422, "a call resolved failed"),
         ({"outcome": "failed", "reason": "x", "expected_version": "two"}, 422, "a number"),
         ({"outcome": "failed", "reason": "x", "key": "run-x:nope"}, 404, "no tool execution"),
     ],

@@ -142,10 +142,8 @@ async def _apply(
                 key,
                 outcome="completed" if outcome == "completed" else "failed",
                 reason=reason,
-                value=_value(fields.get("value", "")) if outcome == "completed" else None,
-                result_reference=(fields.get("result_reference", "").strip() or None)
-                if outcome == "completed"
-                else None,
+                value=_value(fields.get("value", "")),
+                result_reference=fields.get("result_reference", "").strip() or None,
                 expected_version=expected,
             )
             return record, None
