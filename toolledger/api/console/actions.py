@@ -13,18 +13,19 @@ decision lost.
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 
-from toolledger.api.auth import ApiError
+from toolledger.api.auth import ApiError, api_context
 from toolledger.api.console.sessions import COOKIE
 from toolledger.api.console.web import (
     PREFIX,
     ConsolePageError,
     Signed,
     api_error_page,
+    call_url,
     form_of,
     render,
     sessions_of,
@@ -40,6 +41,7 @@ from toolledger.events.records import CallRecord
 router = APIRouter(prefix=PREFIX, include_in_schema=False)
 
 Decision = Literal["resolve", "approve", "reject", "compensate"]
+DECISIONS: tuple[Decision, ...] = get_args(Decision)
 
 
 @router.post("/signin")
@@ -52,7 +54,7 @@ async def sign_in(request: Request) -> Response:
     fields = await form_of(request, session)
     token = fields.get("token", "").strip()
     try:
-        await request.app.state.toolledger.tokens.authenticate(token)
+        await api_context(request).tokens.authenticate(token)
     except TokenRejected as exc:
         return render(
             request, "signin.html", 401, csrf=session.csrf, message=None, error=exc.message
@@ -79,7 +81,7 @@ async def decide(request: Request, decision: str) -> Response:
     """One of the four decisions on the call named by the form's `key` field."""
     signed = await signed_in(request)
     fields = await form_of(request, signed.session)
-    if decision not in ("resolve", "approve", "reject", "compensate"):
+    if decision not in DECISIONS:
         raise ConsolePageError(404, "No such action", f"the console has no action {decision!r}")
     try:
         signed.require_operator()
@@ -109,6 +111,7 @@ async def decide(request: Request, decision: str) -> Response:
             signed,
             title="Not applied",
             message=exc.message,
+            back=call_url(key) if key else None,
         )
     record, compensation = outcome
     return render(
@@ -127,7 +130,7 @@ async def decide(request: Request, decision: str) -> Response:
 async def _apply(
     request: Request, signed: Signed, decision: str, key: str, fields: dict[str, str]
 ) -> tuple[CallRecord, CallRecord | None]:
-    service = request.app.state.toolledger.service
+    service = api_context(request).service
     reason = fields.get("reason", "")
     expected = _version(fields.get("expected_version", ""))
     match decision:

@@ -22,6 +22,7 @@ from typing import Annotated, Any, get_args
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
+from toolledger.api.auth import api_context
 from toolledger.api.console.sessions import COOKIE
 from toolledger.api.console.web import (
     PREFIX,
@@ -52,6 +53,7 @@ router = APIRouter(prefix=PREFIX, include_in_schema=False)
 
 @router.get("")
 async def home() -> RedirectResponse:
+    """`/console` opens the queue (which sends a browser without a session to sign in)."""
     return RedirectResponse(f"{PREFIX}/queue", status_code=303)
 
 
@@ -93,7 +95,7 @@ async def queue(
 ) -> Response:
     signed = await signed_in(request)
     filters = Filters(view=status if status in VIEWS else "unsettled", tool=tool, run=run)
-    service = request.app.state.toolledger.service
+    service = api_context(request).service
     try:
         counts = await service.counts(signed.who)
         page = await _page(request, signed, filters, cursor or None)
@@ -122,7 +124,7 @@ async def queue(
 
 
 async def _page(request: Request, signed: Signed, filters: Filters, cursor: str | None) -> Page:
-    service = request.app.state.toolledger.service
+    service = api_context(request).service
     view = filters.view
     statuses: frozenset[CallStatus]
     if view in ("unsettled", "overdue"):
@@ -162,7 +164,7 @@ def attempts(record: CallRecord, history: list[HistoryEntry]) -> int:
 @router.get("/call", response_class=HTMLResponse)
 async def call_detail(request: Request, key: Annotated[str, Query(max_length=1000)]) -> Response:
     signed = await signed_in(request)
-    service = request.app.state.toolledger.service
+    service = api_context(request).service
     try:
         record, history = await service.show(signed.who, key)
     except OperatorError as exc:

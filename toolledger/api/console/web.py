@@ -202,6 +202,7 @@ def render(
 ) -> HTMLResponse:
     """Render a page; `signed` adds the header's operator, role and sign-out form."""
     context.setdefault("title", "toolledger console")
+    context.setdefault("back", None)
     response = templates.TemplateResponse(
         request, name, {"signed": signed, **context}, status_code=status
     )
@@ -218,7 +219,7 @@ def render(
 def error_page(
     request: Request, status: int, title: str, message: str, signed: Signed | None = None
 ) -> HTMLResponse:
-    return render(request, "error.html", status, signed, title=title, message=message)
+    return render(request, "error.html", status, signed, title=title, message=message, back=None)
 
 
 def to_sign_in(why: str) -> RedirectResponse:
