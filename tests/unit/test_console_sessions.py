@@ -3,11 +3,13 @@
 The browser tests (`tests/integration/test_console.py`) drive the flows in Chromium on Kafka
 and PostgreSQL; here the session rules are checked cheaply and exactly, with a clock the test
 moves: what the cookie carries, sign-in and its CSRF token, a new id at sign-in, sign-out,
-idle and absolute expiry, a revoked token, the form errors, and keys holding `/`.
+idle and absolute expiry, a revoked token, the form errors, keys holding `/`, and the queue's
+pages.
 """
 
 from __future__ import annotations
 
+import html
 import re
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
@@ -20,6 +22,7 @@ from tests import api_support as s
 from toolledger.api import create_app
 from toolledger.api.app import close_stack
 from toolledger.api.console import Sessions
+from toolledger.api.console.pages import PAGE_SIZE
 from toolledger.api.console.sessions import ANONYMOUS_IDLE, COOKIE, MAX_SESSIONS
 from toolledger.api.tokens import MemoryTokens, hash_token
 from toolledger.events.models import utcnow
@@ -247,3 +250,26 @@ def test_a_csrf_token_matches_only_itself() -> None:
     assert not session.csrf_matches(None)
     assert not session.csrf_matches("")
     assert not session.csrf_matches(session.csrf[:-1])
+
+
+async def test_the_queue_pages_with_the_service_cursor_and_keeps_its_filters(
+    browser: httpx.AsyncClient, tokens: MemoryTokens, stack: LedgerStack
+) -> None:
+    """Every unknown call of the run appears exactly once across the pages, in queue order."""
+    calls = s.Calls(stack)
+    made = [(await calls.indeterminate("run-p", f"c{n:02}")).key for n in range(PAGE_SIZE + 5)]
+    await calls.indeterminate("run-other")
+    await _sign_in(browser, await s.token(tokens))
+    seen: list[str] = []
+    url: str | None = "/console/queue?status=indeterminate&run=run-p"
+    pages = 0
+    while url is not None:
+        page = await browser.get(url)
+        assert page.status_code == 200
+        seen += re.findall(r'data-key="([^"]+)"', page.text)
+        pages += 1
+        following = re.search(r'<a rel="next" href="([^"]+)">Next page</a>', page.text)
+        url = html.unescape(following.group(1)) if following else None
+        if url is not None:
+            assert "run=run-p" in url and "status=indeterminate" in url
+    assert (pages, seen) == (2, made)
