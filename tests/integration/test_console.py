@@ -5,8 +5,9 @@ free port, over a stack with an in-process projector, so every click takes the p
 path: form, `OperatorService`, signed event on Kafka, decider, PostgreSQL, verdict. Every
 operator gets their own Chromium with a fresh profile under the test's tmp_path (two operators
 are two browsers, as on two desks). Screenshots of the queue and the detail page are written
-under tmp_path; with TOOLLEDGER_SCREENSHOTS=<dir> they are also copied there (how docs/img/
-was made).
+under tmp_path; with TOOLLEDGER_SCREENSHOTS=<dir> they are also copied there. docs/img/ holds
+those two, reduced to a 32-colour palette (Pillow's `quantize`, outside the project) to stay
+small.
 """
 
 from __future__ import annotations
