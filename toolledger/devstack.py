@@ -40,6 +40,8 @@ import asyncpg
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
+from toolledger.errors import ToolLedgerError
+
 __all__ = [
     "DATABASE_URL_ENV",
     "KAFKA_BOOTSTRAP_ENV",
@@ -67,8 +69,10 @@ _T = TypeVar("_T")
 _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
 
 
-class DevStackError(RuntimeError):
+class DevStackError(ToolLedgerError, RuntimeError):
     """A dev service could not be found, started or stopped; the message says what to do."""
+
+    code = "dev_stack"
 
 
 @dataclass(frozen=True)

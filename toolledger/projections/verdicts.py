@@ -25,6 +25,7 @@ from collections.abc import Sequence
 
 import asyncpg
 
+from toolledger.errors import ToolLedgerError
 from toolledger.events.records import Verdict
 from toolledger.projections.dberrors import DATABASE_ERRORS
 
@@ -33,11 +34,13 @@ log = logging.getLogger("toolledger.verdicts")
 POLL_INTERVAL = 0.05
 
 
-class LedgerUnavailable(Exception):
+class LedgerUnavailable(ToolLedgerError):
     """No verdict came in time: Kafka, the projector or PostgreSQL is down or behind.
 
     Raised before a tool runs, it means the call was not attempted.
     """
+
+    code = "ledger_unavailable"
 
 
 class VerdictSource(ABC):
