@@ -115,14 +115,19 @@ class RunSuperseded(ToolCallError):
     code = "run_superseded"
 
     def __init__(self, *, key: str, tool: str, detail: str) -> None:
-        run_id = key.partition(":")[0]
+        run_id, _, tool_call_id = key.partition(":")
+        what = f"call {call_label(tool, key)} was not made" if tool_call_id else f"run {run_id}"
         super().__init__(
-            f"call {call_label(tool, key)} was not made: {detail}. This driver of run {run_id} "
-            "is superseded and must stand down; reload the run from its latest checkpoint if "
-            "it should go on.",
+            f"{what}: {detail}. This driver of run {run_id} is superseded and must stand down; "
+            "reload the run from its latest checkpoint if it should go on.",
             key=key,
             tool=tool,
         )
+
+    @classmethod
+    def of_run(cls, run_id: str, detail: str) -> RunSuperseded:
+        """About the whole run (a checkpoint or run event refused), not one of its calls."""
+        return cls(key=run_id, tool="-", detail=detail)
 
 
 class ToolCallInProgress(ToolCallError):
