@@ -9,8 +9,8 @@ as an admin with database access:
 - `--tenant` (env `TOOLLEDGER_TENANT`) limits what is seen and decided to one tenant; without it
   `list` shows every tenant and the other commands act on the call's own tenant.
 
-Exit status: 0 done, 1 refused or not found (the message says what the call is now), 2 bad
-configuration, 3 the ledger did not answer.
+Exit statuses are every command's (`toolledger.cli.entry`): 0 done, 1 refused or not found (the
+message says what the call is now), 2 bad input or configuration, 3 the ledger did not answer.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import getpass
 import json
-import sys
 from collections.abc import Callable, Coroutine
 from datetime import datetime
 from typing import Any, TypeVar, get_args
@@ -29,12 +28,12 @@ from rich.table import Table
 
 from toolledger.api.app import close_stack
 from toolledger.api.compensation import RuntimeCompensator, load_tools
-from toolledger.api.errors import Conflict, InvalidRequest, NotFound, OperatorError
+from toolledger.api.errors import Conflict
 from toolledger.api.service import Operator, OperatorService, resolvable_after
-from toolledger.events.log import LogError
+from toolledger.cli.entry import exit_status
 from toolledger.events.models import utcnow
 from toolledger.events.records import CallRecord, CallStatus
-from toolledger.settings import ConfigError, Settings, load_settings
+from toolledger.settings import Settings, load_settings
 from toolledger.stack import LedgerStack
 
 _console = Console()
@@ -100,28 +99,14 @@ def _run(
 
     try:
         return asyncio.run(main(load_settings()))
-    except (ConfigError, ValueError) as exc:
-        click.echo(f"toolledger executions: {exc}", err=True)
-        sys.exit(2)
     except Conflict as exc:
+        # The group prints one line per error; a refusal also says where the call is now.
         click.echo(f"refused ({exc.code}): {exc.message}", err=True)
         if exc.record is not None:
             click.echo(f"now: {_summary(exc.record)}", err=True)
         if exc.resolvable_after is not None:
             click.echo(f"resolvable after {exc.resolvable_after.isoformat()}", err=True)
-        sys.exit(1)
-    except NotFound as exc:
-        click.echo(f"not found: {exc.message}", err=True)
-        sys.exit(1)
-    except InvalidRequest as exc:
-        click.echo(f"toolledger executions: {exc.message}", err=True)
-        sys.exit(2)
-    except OperatorError as exc:
-        click.echo(f"toolledger executions: {exc.message}", err=True)
-        sys.exit(3)
-    except LogError as exc:
-        click.echo(f"toolledger executions: {exc}", err=True)
-        sys.exit(3)
+        raise click.exceptions.Exit(exit_status(exc)) from exc
 
 
 def _summary(record: CallRecord) -> str:

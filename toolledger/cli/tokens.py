@@ -52,11 +52,7 @@ def _run(body: Callable[[PostgresTokens], Coroutine[Any, Any, _T]]) -> _T:
         finally:
             await store.close()
 
-    try:
-        return asyncio.run(main())
-    except ConfigError as exc:
-        click.echo(f"toolledger tokens: {exc}", err=True)
-        sys.exit(2)
+    return asyncio.run(main())
 
 
 @click.group()
