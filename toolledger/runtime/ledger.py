@@ -113,9 +113,11 @@ class Ledger(LedgerAccess):
     ) -> Ledger:
         """Kafka and PostgreSQL, from `settings` or the `TOOLLEDGER_*` environment.
 
-        A bad or missing setting raises `ConfigError` naming the variable. Projectors are
-        separate processes in production (`toolledger projector`); `run_projector=True` runs
-        one in this process (tests, single-node setups).
+        A bad or missing setting raises `ConfigError` naming the variable. Every call awaits a
+        verdict from a projector, so one must be running: separate processes in production
+        (`toolledger projector`), or `run_projector=True` for one in this process (tests,
+        single-node setups). Without one, each call is refused, not attempted, after
+        `TOOLLEDGER_VERDICT_TIMEOUT_S`.
         """
         settings = settings if settings is not None else load_settings()
         stack = await LedgerStack.connect(settings, run_projector=run_projector)
