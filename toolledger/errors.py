@@ -11,14 +11,31 @@ this module has no imports of its own, so every layer can derive from it.
 Where callers may already catch a builtin (a `ValueError` for bad arguments, a `PermissionError`
 for another tenant's run, a `RuntimeError` from the dev stack), the class keeps that base too, so
 existing `except` clauses stay correct.
+
+`ExitStatus` is here, not with the CLI, because processes that supervise `toolledger` commands
+(the drill, tests) read the statuses too; `toolledger.cli.entry` maps errors to them.
 """
 
 from __future__ import annotations
 
-__all__ = ["ToolLedgerError"]
+from enum import IntEnum
+
+__all__ = ["ExitStatus", "ToolLedgerError"]
 
 
 class ToolLedgerError(Exception):
     """Any error toolledger raises on purpose; `code` names its kind for programs."""
 
     code: str = "toolledger_error"
+
+
+class ExitStatus(IntEnum):
+    """The exit statuses of every `toolledger` command (docs/architecture.md, "Errors and exit
+    statuses")."""
+
+    OK = 0
+    NO = 1
+    USAGE = 2
+    UNAVAILABLE = 3
+    LOG_MISMATCH = 4
+    STOPPED = 143

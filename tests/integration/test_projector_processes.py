@@ -45,7 +45,7 @@ from toolledger.stack import LedgerStack
 PARTITIONS = 4
 #: What a projector process takes to import, connect, check the log identity and take locks.
 START_TIMEOUT = 15.0
-#: ARCHITECTURE.md: "another process takes the partitions within a second"; asserted with slack
+#: docs/architecture.md: "another process takes the partitions within a second"; asserted with slack
 #: for a loaded two-core CI machine.
 FAILOVER_LIMIT = 5.0
 

@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import logging
 import os
-from enum import IntEnum
 
 import faust
 from aiokafka.errors import KafkaError
 
 from toolledger.api.errors import Conflict, InvalidRequest, Misconfigured, NotFound, Unavailable
 from toolledger.devstack import DevStackError
-from toolledger.errors import ToolLedgerError
+from toolledger.errors import ExitStatus, ToolLedgerError
 from toolledger.events.log import LogError, LogIdentityError, TopicMissing
 from toolledger.projections.dberrors import DATABASE_ERRORS
 from toolledger.projections.verdicts import LedgerUnavailable
@@ -38,22 +37,21 @@ from toolledger.runtime.agents import AgentConfigError
 from toolledger.settings import ConfigError
 
 LOG_LEVEL_ENV = "TOOLLEDGER_LOG_LEVEL"
+__all__ = [
+    "CommandFailed",
+    "ExitStatus",
+    "configure_logging",
+    "exit_status",
+    "handled",
+    "message",
+    "run_worker",
+]
+
 _LOG_FORMAT = "%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s"
 #: Library loggers whose INFO lines repeat on a timer and say nothing to an operator: aiokafka
 #: logs "Updating subscribed topics" each time a consumer is assigned, which the projector's
 #: identity check does every `TOOLLEDGER_IDENTITY_CHECK_S`.
 _CHATTY = ("aiokafka.consumer.subscription_state",)
-
-
-class ExitStatus(IntEnum):
-    """The exit statuses of every `toolledger` command (the table above)."""
-
-    OK = 0
-    NO = 1
-    USAGE = 2
-    UNAVAILABLE = 3
-    LOG_MISMATCH = 4
-    STOPPED = 143
 
 
 class CommandFailed(ToolLedgerError):
@@ -104,6 +102,8 @@ def message(exc: BaseException) -> str:
     """The line an operator reads: toolledger's own errors are already phrased for people."""
     if isinstance(exc, NotFound):
         return f"not found: {exc.message}"
+    if isinstance(exc, LogIdentityError):
+        return f"stopped: {exc}"
     if isinstance(exc, ToolLedgerError):
         return str(exc)
     return f"a service did not answer ({exc!r}); run the command again once it is up"

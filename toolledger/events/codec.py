@@ -1,6 +1,6 @@
 """Events to bytes and back: the format of every record in `toolledger.events`, forever.
 
-Two layers, so each can be tested and replaced on its own (STYLE.md, item 6):
+Two layers, so each can be tested and replaced on its own:
 
 - the **datum layer** turns a frozen event model into a plain Avro datum and back: datetimes become
   microseconds since the epoch (UTC), UUIDs strings, nested models dicts. It is driven by the

@@ -7,7 +7,7 @@ Two raised *by tools*, to tell the runtime what happened:
 - `ToolFailedError`: the other system definitely said no. Recorded `failed`; no effect.
 
 The rest are raised *by* `Ledger.call` about one call. Every message says what happened, to
-which call (tool, run, call id), and what to do next (STYLE.md item 15), because the people who
+which call (tool, run, call id), and what to do next, because the people who
 read them are operators deciding whether a customer was charged. They all derive from
 `ToolCallError`, which carries the key and the tool name for code that branches on them.
 """

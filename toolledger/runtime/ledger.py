@@ -1,7 +1,7 @@
 """`Ledger`: what an agent runtime calls to make a tool call take effect once.
 
 `await ledger.call(tool, run_id=..., tool_call_id=..., tenant_id=..., arguments={...})` walks
-the command flow of ARCHITECTURE.md ("Commands: append, then await a durable verdict"):
+the flow of docs/architecture.md ("A call, step by step"):
 
 1. validate the arguments and fingerprint them (`args_digest`);
 2. read the key's record (the fast path). A completed key with the same digest returns its
