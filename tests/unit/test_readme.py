@@ -85,3 +85,11 @@ def test_each_command_the_readme_names_exists(words: list[str]) -> None:
     assert path, f"{shlex.join(words)}: {words[1]} is not a toolledger command"
     result = CliRunner().invoke(main, [*path, "--help"])
     assert result.exit_code == 0, result.output
+
+
+def test_make_help_describes_the_demo_that_exists() -> None:
+    """`make help` said the demo "arrives later" long after it had arrived."""
+    done = subprocess.run(["make", "help"], cwd=ROOT, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    demo = next(line for line in done.stdout.splitlines() if line.startswith("make demo"))
+    assert "later" not in demo and "billing demo" in demo
