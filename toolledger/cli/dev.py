@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 
 import click
-from rich.console import Console
 from rich.table import Table
 
+from toolledger.cli import entry
 from toolledger.devstack import (
     DATABASE_URL_ENV,
     KAFKA_BOOTSTRAP_ENV,
@@ -22,7 +22,7 @@ from toolledger.devstack import (
     ServiceStatus,
 )
 
-_console = Console()
+_console = entry.console()
 _SOURCES = {
     "env": "env var",
     "local": "local server",

@@ -26,6 +26,7 @@ import os
 
 import faust
 from aiokafka.errors import KafkaError
+from rich.console import Console
 
 from toolledger.api.errors import Conflict, InvalidRequest, Misconfigured, NotFound, Unavailable
 from toolledger.devstack import DevStackError
@@ -41,12 +42,15 @@ __all__ = [
     "CommandFailed",
     "ExitStatus",
     "configure_logging",
+    "console",
     "exit_status",
     "handled",
     "message",
     "run_worker",
 ]
 
+#: Line width when output is not a terminal: no table of ours comes near it.
+_PIPE_WIDTH = 2000
 _LOG_FORMAT = "%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s"
 #: Library loggers whose INFO lines repeat on a timer and say nothing to an operator: aiokafka
 #: logs "Updating subscribed topics" each time a consumer is assigned, which the projector's
@@ -134,6 +138,20 @@ def configure_logging(default: int | None = None) -> None:
     root.setLevel(level)
     for chatty in _CHATTY:
         logging.getLogger(chatty).setLevel(max(level, logging.WARNING))
+
+
+def console() -> Console:
+    """Rich output for people; cut to the terminal's width only when there is a terminal.
+
+    Written to a pipe, a file or a test, rich would fold every table into 80 columns and
+    shorten ids and tool names with an ellipsis, so the token id `tokens revoke` needs could
+    not be read from `tokens list | cat`. Without a terminal (and without `COLUMNS`) lines are
+    as long as their content.
+    """
+    shown = Console()
+    if shown.is_terminal or os.environ.get("COLUMNS"):
+        return shown
+    return Console(width=_PIPE_WIDTH)
 
 
 async def run_worker(app: faust.App) -> None:

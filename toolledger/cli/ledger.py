@@ -13,11 +13,11 @@ from datetime import UTC, datetime
 from typing import TypeVar
 
 import click
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 from rich.table import Table
 
 from toolledger.audit import as_of_targets, story
+from toolledger.cli import entry
 from toolledger.events.fold import HistoryEntry, broken_chains
 from toolledger.events.kafka import KafkaLog
 from toolledger.projections.postgres import PostgresLedger
@@ -25,7 +25,7 @@ from toolledger.projections.replay import ReplayReport, compare, replay
 from toolledger.projections.store import CallQuery
 from toolledger.settings import Settings, load_settings
 
-_console = Console()
+_console = entry.console()
 _T = TypeVar("_T")
 
 

@@ -16,14 +16,14 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from toolledger.api.tokens import ROLES, PostgresTokens
+from toolledger.cli import entry
 from toolledger.events.models import utcnow
 from toolledger.settings import ConfigError, load_settings
 
-_console = Console()
+_console = entry.console()
 _T = TypeVar("_T")
 _TTL = re.compile(r"^(\d+)([smhd]?)$")
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
