@@ -14,7 +14,8 @@ a script can tell "the answer is no" from "fix your settings" from "try again la
   it again once the service is up;
 - **4** the log is not what the ledger expects: a topic is missing (start `toolledger projector`
   once, it creates them) or is not the one the ledger was built from;
-- **143** stopped by SIGTERM or SIGINT before it finished.
+- **143** a command with an end (`toolledger drill`) stopped by SIGTERM or SIGINT before it
+  finished; services (projector, reconciler, API...) exit 0 when stopped.
 
 The same table is in the README and docs/architecture.md ("Exit statuses").
 """
