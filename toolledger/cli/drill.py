@@ -149,7 +149,7 @@ def drill(
         return
     names = ", ".join(c.name for c in report.violations)
     console.print(f"[red]VIOLATED[/]: {names}. Seed {seed}; logs in {report.home}")
-    sys.exit(1)
+    sys.exit(ExitStatus.NO)
 
 
 def kill_capacity(runs: int, calls: int) -> int:

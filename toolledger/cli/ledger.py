@@ -18,6 +18,7 @@ from rich.table import Table
 
 from toolledger.audit import as_of_targets, story
 from toolledger.cli import entry
+from toolledger.cli.entry import ExitStatus
 from toolledger.events.fold import HistoryEntry, broken_chains
 from toolledger.events.kafka import KafkaLog
 from toolledger.projections.postgres import PostgresLedger
@@ -78,7 +79,7 @@ def history(key: str) -> None:
             await store.close()
         if not entries:
             _console.print(f"[yellow]no history for {key}[/yellow]")
-            return 1
+            return ExitStatus.NO
         table = Table(title=f"history of {key}")
         columns = ["offset", "occurred at", "event", "actor", "verdict", "version", "detail"]
         if not is_call:
@@ -104,7 +105,7 @@ def history(key: str) -> None:
             _console.print(f"[red]{line}[/red]", soft_wrap=True)
         if record is not None:
             _console.print(f"now: [bold]{record.status}[/bold] (version {record.version})")
-        return 0
+        return ExitStatus.OK
 
     sys.exit(_run(body))
 
@@ -192,7 +193,7 @@ def replay_command(into: str, verify: bool) -> None:
     _console.print(f"[red]differs from the live ledger[/red] (live {str(report.live_digest)[:16]})")
     for line in report.differences:
         _console.print(f"  - {line}", soft_wrap=True)
-    sys.exit(1)
+    sys.exit(ExitStatus.NO)
 
 
 @click.command("audit")
@@ -246,7 +247,7 @@ def audit_command(
                 "" if v is None else v.detail,
             )
         _console.print(table)
-        return 0 if entries else 1
+        return ExitStatus.OK if entries else ExitStatus.NO
 
     sys.exit(_run(body))
 

@@ -20,6 +20,7 @@ from rich.table import Table
 
 from toolledger.api.tokens import ROLES, PostgresTokens
 from toolledger.cli import entry
+from toolledger.cli.entry import ExitStatus
 from toolledger.events.models import utcnow
 from toolledger.settings import ConfigError, load_settings
 
@@ -117,6 +118,6 @@ def revoke_command(token_id: str) -> None:
     record = _run(lambda store: store.revoke(token_id))
     if record is None:
         click.echo(f"no token {token_id}; see `toolledger tokens list`", err=True)
-        sys.exit(1)
+        sys.exit(ExitStatus.NO)
     assert record.revoked_at is not None
     click.echo(f"token {record.token_id} revoked at {record.revoked_at.isoformat()}")
