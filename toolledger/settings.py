@@ -13,11 +13,15 @@ from typing import Annotated, Literal
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from toolledger.errors import ToolLedgerError
+
 _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 
-class ConfigError(Exception):
+class ConfigError(ToolLedgerError):
     """A setting is missing or invalid; the message names the environment variable."""
+
+    code = "config_error"
 
 
 class Settings(BaseSettings):

@@ -32,6 +32,8 @@ from toolledger.events.models import Event
 from toolledger.projections.facts import Fact
 from toolledger.settings import Settings
 
+__all__ = ["Fact", "FactFilter", "requests", "subscribe", "subscribe_group"]
+
 
 @dataclass(frozen=True)
 class FactFilter:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import secrets
 import socket
 from collections.abc import AsyncIterator
@@ -32,6 +33,7 @@ from examples.billing_reconciliation.tools import billing, issue_credit
 from toolledger import Ledger, Settings, ToolCallIndeterminate
 from toolledger.api.app import create_app
 from toolledger.api.tokens import MemoryTokens
+from toolledger.events.records import CallRecord
 
 RUN = "demo-run"
 TENANT = "acme"
@@ -77,29 +79,44 @@ async def _credit(ledger: Ledger, call_id: str, account: str = "acct-42") -> Any
     )
 
 
-async def _show(console: Console, ledger: Ledger, key: str, title: str) -> str:
+def outcome_of(record: CallRecord) -> str:
+    """How a call ended, and who decided: `completed/reconcile`, `failed/operator alice`.
+
+    A compensation is settled by the runtime that ran it, but it happened because an operator
+    asked: that operator is who the line names.
+    """
+    if record.status in ("compensating", "compensated") and record.operator is not None:
+        return f"{record.status}/asked for by operator {record.operator}"
+    if record.settled_by == "operator":
+        return f"{record.status}/operator {record.operator}"
+    return f"{record.status}/{record.settled_by}"
+
+
+async def _show(console: Console, ledger: Ledger, key: str) -> str:
     record = await ledger.read_call(key)
     history = await ledger.stack.store.history(key)
     assert record is not None
-    table = Table(title=title, title_justify="left", show_lines=False)
-    for column in ("event", "actor", "verdict", "detail"):
-        table.add_column(column)
+    table = Table(title=f"history of {key}", title_justify="left", show_lines=False)
+    for column in ("event", "actor", "verdict", "reason", "detail"):
+        table.add_column(column, overflow="fold")
     for h in history:
         verdict = "[green]accepted[/green]" if h.accepted else f"[red]{h.reason}[/red]"
-        table.add_row(h.event_type, h.actor.split("/")[0], verdict, h.detail)
+        reason = json.loads(h.event_json).get("reason") or ""
+        table.add_row(h.event_type, h.actor.split("/")[0], verdict, reason, h.detail)
     console.print(table)
+    outcome = outcome_of(record)
     console.print(
-        f"  ledger record [bold]{key}[/bold]: status=[bold]{record.status}[/bold] "
-        f"settled_by={record.settled_by} version={record.version}"
+        f"  ledger record [bold]{key}[/bold]: [bold]{outcome}[/bold] version={record.version}"
+        + (f" reason={record.reason!r}" if record.reason else "")
         + (f" result={record.result_json}" if record.result_json else "")
         + (" not_attempted=True" if record.not_attempted else "")
     )
     console.print()
-    return f"{record.status}/{record.settled_by}"
+    return outcome
 
 
 async def run_scenarios(ledger: Ledger, settings: Settings, console: Console) -> dict[str, str]:
-    """The four scenarios; returns each key's final `status/settled_by`."""
+    """The four scenarios; returns each key's outcome (`outcome_of`)."""
     outcomes: dict[str, str] = {}
     async with operator_api(ledger, settings) as api:
         console.rule("1. the credit went through, the answer was lost")
@@ -109,7 +126,7 @@ async def run_scenarios(ledger: Ledger, settings: Settings, console: Console) ->
         console.print("  the call timed out after sending: recorded [yellow]indeterminate[/yellow]")
         found = await _credit(ledger, "credit-1")
         console.print(f"  asked again: the reconcile hook found {found.result().credit_id}")
-        outcomes["1"] = await _show(console, ledger, f"{RUN}:credit-1", "history of credit-1")
+        outcomes["1"] = await _show(console, ledger, f"{RUN}:credit-1")
 
         console.rule("2. the credit never landed; an operator settles it over HTTP")
         system.drop_next_request = True
@@ -125,7 +142,7 @@ async def run_scenarios(ledger: Ledger, settings: Settings, console: Console) ->
             json={"outcome": "failed", "reason": "no such credit in the billing console"},
         )
         console.print(f"  POST .../{RUN}:credit-2/resolve -> {resolved.status_code}")
-        outcomes["2"] = await _show(console, ledger, f"{RUN}:credit-2", "history of credit-2")
+        outcomes["2"] = await _show(console, ledger, f"{RUN}:credit-2")
 
         console.rule("3. an operator asks for a credit to be undone")
         done = await _credit(ledger, "credit-3")
@@ -135,20 +152,26 @@ async def run_scenarios(ledger: Ledger, settings: Settings, console: Console) ->
             json={"reason": "customer cancelled the order"},
         )
         console.print(f"  POST .../{RUN}:credit-3/compensate -> {undone.status_code}")
-        outcomes["3"] = await _show(console, ledger, f"{RUN}:credit-3", "history of credit-3")
+        outcomes["3"] = await _show(console, ledger, f"{RUN}:credit-3")
 
         console.rule("4. refused before anything was sent")
         system.lock("acct-locked")
         refused = await _credit(ledger, "credit-4", account="acct-locked")
         console.print(f"  {refused.error}: failed, not attempted; safe to run again")
-        outcomes["4"] = await _show(console, ledger, f"{RUN}:credit-4", "history of credit-4")
+        outcomes["4"] = await _show(console, ledger, f"{RUN}:credit-4")
     console.rule("summary")
-    console.print(
-        f"live credits in billing: {system.live_credits()} "
-        f"(requests sent: {system.requests}); outcomes: {outcomes}"
-    )
     for n, outcome in outcomes.items():
         console.print(f"scenario {n}: {outcome}")
+    voided = sum(1 for c in system.credits.values() if c.voided)
+    console.print(f"live credits in billing: {system.live_credits()}")
+    console.print(
+        f"  billing received {system.requests} credit requests (credit-1, credit-2's dropped "
+        "one, credit-3; credit-4 sent nothing)"
+    )
+    console.print(
+        f"  it holds {len(system.credits)} credits, {voided} voided by the compensation: one "
+        "live credit per call that took effect and was not undone"
+    )
     return outcomes
 
 

@@ -30,12 +30,27 @@ def test_the_billing_demo_settles_each_scenario_as_documented() -> None:
     assert shown.returncode == 0, shown.stdout + shown.stderr
     lines = shown.stdout.splitlines()
     assert "scenario 1: completed/reconcile" in lines
-    assert "scenario 2: failed/operator" in lines
-    assert "scenario 3: compensated/runtime" in lines
+    assert "scenario 2: failed/operator alice" in lines
+    assert "scenario 3: compensated/asked for by operator alice" in lines
     assert "scenario 4: failed/runtime" in lines
     assert "POST .../demo-run:credit-2/resolve -> 200" in shown.stdout
     assert "POST .../demo-run:credit-3/compensate -> 200" in shown.stdout
-    assert "live credits in billing: 1 " in shown.stdout
+    assert "live credits in billing: 1" in lines
+
+
+def test_the_demo_names_keys_one_way_shows_reasons_and_prints_each_outcome_once() -> None:
+    """A newcomer read "history of credit-2" above "ledger record demo-run:credit-2", no
+    operator's reason anywhere, each outcome twice, and "live credits: 1 (requests sent: 3)"
+    with nothing saying why."""
+    out = _demo().stdout
+    for n in "1234":
+        assert f"history of demo-run:credit-{n}" in out
+        assert f"history of credit-{n}" not in out
+    assert "no such credit in the billing console" in out.split("history of demo-run:credit-3")[0]
+    assert "customer cancelled the order" in out.split("summary")[0]
+    assert out.count("completed/reconcile") == 2  # the record line and the summary, once each
+    assert "outcomes: {" not in out
+    assert "billing received 3 credit requests" in out and "1 voided by the compensation" in out
 
 
 def test_penny_pays_twice_without_the_ledger_and_once_with_it() -> None:

@@ -45,7 +45,7 @@ from toolledger.stack import LedgerStack
 PARTITIONS = 4
 #: What a projector process takes to import, connect, check the log identity and take locks.
 START_TIMEOUT = 15.0
-#: ARCHITECTURE.md: "another process takes the partitions within a second"; asserted with slack
+#: docs/architecture.md: "another process takes the partitions within a second"; asserted with slack
 #: for a loaded two-core CI machine.
 FAILOVER_LIMIT = 5.0
 
@@ -602,3 +602,18 @@ def _verdict_line(worker: Proc) -> dict[str, Any]:
             found: dict[str, Any] = json.loads(line)
             return found
     raise AssertionError(f"{worker.name} printed no verdict:\n{worker.output()}")
+
+
+async def test_a_projector_does_not_log_aiokafkas_subscription_line_on_each_identity_check(
+    scene: Scene,
+) -> None:
+    """The projector logged aiokafka's "Updating subscribed topics" at every identity check
+    (each one assigns a fresh consumer), every 2 s forever; its own lines must remain."""
+    scene.env["TOOLLEDGER_IDENTITY_CHECK_S"] = "0.2"
+    proc = scene.start_projector("projector-quiet")
+    await scene.owns_all(proc)
+    start = proc.mark()
+    for _ in range(5):  # status lines come every 0.2 s: at least a second of identity checks
+        start = (await proc.wait_for(r"owns \[", timeout=START_TIMEOUT, after=start)).end()
+    assert "took partition" in proc.output()
+    assert "Updating subscribed topics" not in proc.output()

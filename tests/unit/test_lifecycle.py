@@ -1,4 +1,5 @@
-"""The decider, one rule of ARCHITECTURE.md's table per test, named after the failure it guards."""
+"""The decider, one rule of docs/architecture.md's table per test, each named after the failure
+it guards."""
 
 from __future__ import annotations
 

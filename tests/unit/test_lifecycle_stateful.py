@@ -3,7 +3,7 @@
 Several drivers reserve the same keys (one run fenced by checkpoints, one bare), runtimes report
 outcomes for current and stale reservations, reconcilers and operators race with stale versions,
 unsigned operator events and duplicates are thrown in, and time moves forward by random steps.
-After every event the invariants from ARCHITECTURE.md must hold.
+After every event the invariants from docs/architecture.md must hold.
 """
 
 from __future__ import annotations

@@ -16,7 +16,12 @@ import pytest
 
 from toolledger.events.records import CallRecord, Verdict
 from toolledger.projections.reads import CallReads, PointReads
-from toolledger.projections.verdicts import LedgerUnavailable, VerdictSource, VerdictWaiter
+from toolledger.projections.verdicts import (
+    LedgerUnavailable,
+    VerdictSource,
+    VerdictWaiter,
+    seconds,
+)
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -225,3 +230,18 @@ async def test_a_registration_whose_wait_timed_out_or_was_discarded_is_not_kept(
         assert not waiter._pending
     finally:
         await waiter.close()
+
+
+async def test_a_verdict_timeout_names_the_projector_and_rounds_its_seconds() -> None:
+    """A newcomer without a projector read "no verdict ... within 9.99734s" and no hint that a
+    `toolledger projector` must run."""
+    waiter = VerdictWaiter(CountingVerdicts(), poll_interval=60)
+    try:
+        with pytest.raises(LedgerUnavailable) as raised:
+            await waiter.wait(uuid.uuid4(), 0.2345)
+    finally:
+        await waiter.close()
+    message = str(raised.value)
+    assert "within 0.23s:" in message
+    assert "`toolledger projector`" in message
+    assert [seconds(9.99734), seconds(2.5), seconds(30.0)] == ["10s", "2.5s", "30s"]

@@ -2,7 +2,7 @@
 
 `create_app` builds the FastAPI application; `toolledger.api.service.OperatorService` is the
 service layer it shares with the `toolledger executions` CLI; tokens live in
-`toolledger.api.tokens`. See ARCHITECTURE.md, "Security", for what the API signs and why.
+`toolledger.api.tokens`. See docs/architecture.md, "Security", for what the API signs and why.
 """
 
 from toolledger.api.app import create_app

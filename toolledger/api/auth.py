@@ -17,6 +17,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from toolledger.api.service import Operator, OperatorService
 from toolledger.api.tokens import Role, TokenRecord, TokenRejected, TokenStore, role_allows
+from toolledger.errors import ToolLedgerError
 from toolledger.stack import LedgerStack
 
 _bearer = HTTPBearer(
@@ -25,8 +26,10 @@ _bearer = HTTPBearer(
 )
 
 
-class ApiError(Exception):
+class ApiError(ToolLedgerError):
     """An HTTP error with the API's error body."""
+
+    code = "api_error"
 
     def __init__(
         self, status: int, code: str, message: str, headers: Mapping[str, str] | None = None

@@ -22,10 +22,7 @@ key `<key>:compensate`, so it cannot run twice either. `RuntimeCompensator` is t
 from __future__ import annotations
 
 import contextlib
-import importlib
 import inspect
-import os
-import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -35,6 +32,7 @@ from toolledger.api.errors import Unavailable
 from toolledger.api.service import COMPENSATE_SUFFIX, compensation_key
 from toolledger.events.models import CallAbandoned, CallReserved, utcnow
 from toolledger.events.records import CallRecord, Verdict
+from toolledger.modules import ModuleLoadError, import_user_module
 from toolledger.projections.commands import LedgerCommands
 from toolledger.projections.verdicts import LedgerUnavailable
 from toolledger.runtime.access import Envelope
@@ -50,14 +48,9 @@ def load_tools(modules: Iterable[str]) -> dict[str, Tool[Any, Any]]:
     The working directory is importable, as for `python -m` and uvicorn, so `--tools
     mypkg.tools` finds a project's own package without installing it.
     """
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
     tools: dict[str, Tool[Any, Any]] = {}
     for name in modules:
-        try:
-            module = importlib.import_module(name)
-        except ImportError as exc:
-            raise ValueError(f"--tools {name}: cannot import it ({exc})") from exc
+        module = import_user_module(name, "--tools")
         found = 0
         for value in vars(module).values():
             declared = list(value) if isinstance(value, Toolset) else [value]
@@ -66,7 +59,7 @@ def load_tools(modules: Iterable[str]) -> dict[str, Tool[Any, Any]]:
                     tools[tool.name] = tool
                     found += 1
         if not found:
-            raise ValueError(f"--tools {name}: the module declares no Toolset or Tool")
+            raise ModuleLoadError(f"--tools {name}: the module declares no Toolset or Tool")
     return tools
 
 

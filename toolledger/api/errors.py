@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from toolledger.errors import ToolLedgerError
 from toolledger.events.records import CallRecord
 
 
-class OperatorError(Exception):
+class OperatorError(ToolLedgerError):
     """A request the service cannot carry out; `code` is for programs, the message for people."""
+
+    code = "operator_error"
 
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
@@ -25,13 +28,19 @@ class OperatorError(Exception):
 class NotFound(OperatorError):
     """No such call for this operator's tenant."""
 
+    code = "not_found"
+
 
 class InvalidRequest(OperatorError):
     """The request itself is wrong (an empty reason, a cursor this service did not issue)."""
 
+    code = "invalid_request"
+
 
 class Conflict(OperatorError):
     """The ledger refused the decision; `record` is the call as it is now."""
+
+    code = "conflict"
 
     def __init__(
         self,
@@ -48,9 +57,13 @@ class Conflict(OperatorError):
 class Unavailable(OperatorError):
     """Kafka, the projector or PostgreSQL did not answer in time; the command may still apply."""
 
+    code = "unavailable"
+
 
 class Misconfigured(OperatorError):
     """This process's setup contradicts the ledger's (its signing key is not one it accepts)."""
+
+    code = "misconfigured"
 
 
 def http_status(exc: OperatorError) -> int:

@@ -1,10 +1,10 @@
 """The operator API's Prometheus metrics: plain `prometheus_client` objects, nothing else.
 
 Library code (the service layer) only observes these; the `/metrics` route of the app is the
-entry point that refreshes the ledger-wide gauges and exposes the default registry (STYLE.md
-item 8). They live in the default registry because a process serves one API; tests that build
-several apps share them, which is harmless for counters and histograms and means the gauges show
-whichever app refreshed last.
+entry point that refreshes the ledger-wide gauges and exposes the default registry
+(observability is configured at the edges). They live in the default registry because a process
+serves one API; tests that build several apps share them, which is harmless for counters and
+histograms and means the gauges show whichever app refreshed last.
 
 - `toolledger_ledger_calls{status}`: calls in the ledger per status, every tenant, read from
   PostgreSQL (the analytics app's `toolledger_calls` splits them by tenant and tool from facts).

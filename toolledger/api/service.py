@@ -1,6 +1,6 @@
 """The operator service: what a person may do to the ledger, shared by the HTTP API and the CLI.
 
-Operators settle what nobody can know automatically (ARCHITECTURE.md, "The decider"): they
+Operators settle what nobody can know automatically (docs/architecture.md, "The decider"): they
 resolve unknown calls, approve or reject calls that need approval, and ask for compensation.
 Every decision follows the ledger's one command path: build the operator event from the record
 the operator saw (`expected_version` = what they saw, or the current version), sign it with the

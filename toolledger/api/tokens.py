@@ -23,6 +23,7 @@ from typing import Any, Literal, get_args
 
 import asyncpg
 
+from toolledger.errors import ToolLedgerError
 from toolledger.events.models import utcnow
 from toolledger.projections.migrations import check_schema_name, migrate, quote_ident
 
@@ -73,8 +74,10 @@ class IssuedToken:
     record: TokenRecord
 
 
-class TokenRejected(Exception):
+class TokenRejected(ToolLedgerError):
     """A presented token cannot be used; `code` says why (missing, unknown, expired, revoked)."""
+
+    code = "token_rejected"
 
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)

@@ -2,16 +2,15 @@
 
 A module under `toolledger/cli/` defines its group or command and is registered here with
 `main.add_command`, in the order a user meets the commands (help lists them in that order, not
-alphabetically), so adding a command never means editing another command's module.
+alphabetically), so adding a command never means editing another command's module. What every
+command shares (logging, exit statuses, running a faust worker) is in `toolledger.cli.entry`.
 """
 
 from __future__ import annotations
 
-import logging
-import os
-
 import click
 
+from toolledger.cli import entry
 from toolledger.cli.analytics import analytics
 from toolledger.cli.api import api
 from toolledger.cli.demo import demo
@@ -26,19 +25,27 @@ from toolledger.cli.tokens import tokens
 
 
 class _InOrderGroup(click.Group):
-    """A group whose help lists commands in registration order."""
+    """A group whose help lists commands in registration order, and which turns the errors its
+    commands let escape into one line on stderr and the exit status of `entry.exit_status`."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return list(self.commands)
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except Exception as exc:
+            if not entry.handled(exc):
+                raise
+            click.echo(f"toolledger {ctx.invoked_subcommand}: {entry.message(exc)}", err=True)
+            raise click.exceptions.Exit(entry.exit_status(exc)) from exc
 
 
 @click.group(cls=_InOrderGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="toolledger")
 def main() -> None:
     """toolledger: make an AI agent's tool calls take effect once, and say so when unknown."""
-    level = os.environ.get("TOOLLEDGER_LOG_LEVEL")
-    if level:
-        logging.basicConfig(level=level.upper(), format="%(asctime)s %(name)s %(message)s")
+    entry.configure_logging()
 
 
 main.add_command(demo)

@@ -9,32 +9,29 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 
 import click
-import faust
 from prometheus_client import start_http_server
 
+from toolledger.cli.entry import configure_logging, run_worker
 from toolledger.events.log import TopicMissing
 from toolledger.processors.analytics import Metrics, analytics_app
 from toolledger.processors.app import DEFAULT_SESSION_TIMEOUT_S
-from toolledger.settings import ConfigError, load_settings
+from toolledger.settings import load_settings
 from toolledger.stack import LedgerStack
 
 
-async def _run(port: int, group: str | None, session_timeout: float) -> int:
+async def _run(port: int, group: str | None, session_timeout: float) -> None:
     settings = load_settings()
     stack = await LedgerStack.connect(settings, create_topics=False)
     try:
         try:
             partitions = await stack.facts.partition_count()
-        except TopicMissing:
-            click.echo(
-                f"toolledger analytics: {settings.facts_topic} does not exist yet: start "
-                "`toolledger projector` once, it creates the topics",
-                err=True,
-            )
-            return 4
+        except TopicMissing as exc:
+            raise TopicMissing(
+                f"{settings.facts_topic} does not exist yet: start `toolledger projector` once "
+                "against this Kafka, it creates the topics"
+            ) from exc
     finally:
         await stack.close()
     metrics = Metrics()
@@ -42,10 +39,7 @@ async def _run(port: int, group: str | None, session_timeout: float) -> int:
     app = analytics_app(
         settings, metrics, partitions=partitions, group=group, session_timeout=session_timeout
     )
-    worker = faust.Worker(app, quiet=True, redirect_stdouts=False, override_logging=False)
-    worker.spinner = None
-    await worker.start()
-    return 1 if worker.crash_reason is not None else 0
+    await run_worker(app)
 
 
 @click.command()
@@ -59,11 +53,5 @@ async def _run(port: int, group: str | None, session_timeout: float) -> int:
 )
 def analytics(metrics_port: int, group: str | None, session_timeout: float) -> None:
     """Count calls by tenant, tool and status; rate unknown and compensated calls per minute."""
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s"
-    )
-    try:
-        sys.exit(asyncio.run(_run(metrics_port, group, session_timeout)))
-    except ConfigError as exc:
-        click.echo(f"toolledger analytics: {exc}", err=True)
-        sys.exit(2)
+    configure_logging(logging.INFO)
+    asyncio.run(_run(metrics_port, group, session_timeout))

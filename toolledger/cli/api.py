@@ -9,14 +9,12 @@ are refused with a message saying so. Prometheus metrics are served at `/metrics
 
 from __future__ import annotations
 
-import sys
-
 import click
 import uvicorn
 
 from toolledger.api.app import create_app
 from toolledger.api.compensation import load_tools
-from toolledger.settings import ConfigError, load_settings
+from toolledger.settings import load_settings
 from toolledger.stack import LedgerStack
 
 
@@ -28,22 +26,18 @@ from toolledger.stack import LedgerStack
     "tools",
     multiple=True,
     envvar="TOOLLEDGER_TOOLS",
-    help="Module declaring toolsets whose compensations this API runs (repeatable) "
-    "[env TOOLLEDGER_TOOLS].",
+    help="Module declaring toolsets whose compensations this API runs (repeatable); it must be "
+    "importable here: installed, or a package under the working directory [env TOOLLEDGER_TOOLS].",
 )
 @click.option("--log-level", default="info", show_default=True, help="uvicorn's log level.")
 def api(host: str, port: int, tools: tuple[str, ...], log_level: str) -> None:
     """Serve the operator HTTP API (OpenAPI at /openapi.json), configured by TOOLLEDGER_*."""
-    try:
-        settings = load_settings()
-        settings.require_services()
-        registry = load_tools(tools) if tools else None
+    settings = load_settings()
+    settings.require_services()
+    registry = load_tools(tools) if tools else None
 
-        async def open_stack() -> LedgerStack:
-            return await LedgerStack.connect(settings, create_topics=False)
+    async def open_stack() -> LedgerStack:
+        return await LedgerStack.connect(settings, create_topics=False)
 
-        app = create_app(open_stack, settings, tools=registry)
-    except (ConfigError, ValueError) as exc:
-        click.echo(f"toolledger api: {exc}", err=True)
-        sys.exit(2)
+    app = create_app(open_stack, settings, tools=registry)
     uvicorn.run(app, host=host, port=port, log_level=log_level, lifespan="on")

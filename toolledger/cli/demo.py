@@ -16,6 +16,8 @@ from pathlib import Path
 import click
 from rich.console import Console
 
+from toolledger.cli.entry import CommandFailed, ExitStatus
+
 
 @click.command()
 @click.argument("which", type=click.Choice(["billing", "penny"]), default="billing")
@@ -28,16 +30,15 @@ def demo(which: str, stack: bool) -> None:
         from examples.billing_reconciliation import demo as billing_demo
         from examples.penny_refund_bot import bot
     except ImportError as exc:
-        click.echo(
-            f"toolledger demo: the examples are not importable ({exc}); run it from a checkout "
-            "installed with `pip install -e .` (make demo does)",
-            err=True,
-        )
-        sys.exit(2)
+        raise CommandFailed(
+            f"the examples are not importable ({exc}); run it from a checkout installed with "
+            "`pip install -e .` (make demo does)",
+            ExitStatus.USAGE,
+        ) from exc
     console = Console()
     if which == "penny":
         unguarded, guarded = asyncio.run(bot.main(console))
-        sys.exit(0 if (unguarded, guarded) == (2, 1) else 1)
+        sys.exit(ExitStatus.OK if (unguarded, guarded) == (2, 1) else ExitStatus.NO)
     if not stack:
         asyncio.run(billing_demo.main(console))
         return

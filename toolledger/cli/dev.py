@@ -11,19 +11,18 @@ import sys
 from pathlib import Path
 
 import click
-from rich.console import Console
 from rich.table import Table
 
+from toolledger.cli import entry
 from toolledger.devstack import (
     DATABASE_URL_ENV,
     KAFKA_BOOTSTRAP_ENV,
     DevStack,
-    DevStackError,
     Services,
     ServiceStatus,
 )
 
-_console = Console()
+_console = entry.console()
 _SOURCES = {
     "env": "env var",
     "local": "local server",
@@ -58,11 +57,8 @@ def dev() -> None:
 def up(project_dir: Path, timeout: float) -> None:
     """Find or start PostgreSQL and Kafka (reuses a running stack)."""
     stack = DevStack(project_dir, startup_timeout=timeout)
-    try:
-        with _console.status("Starting PostgreSQL and Kafka..."):
-            services = stack.up()
-    except DevStackError as exc:
-        raise click.ClickException(str(exc)) from exc
+    with _console.status("Starting PostgreSQL and Kafka..."):
+        services = stack.up()
     statuses = stack.status()
     _console.print(_table(statuses))
     _print_logs(statuses)
@@ -75,12 +71,9 @@ def up(project_dir: Path, timeout: float) -> None:
 def status(project_dir: Path, check: bool) -> None:
     """Show what runs where, and whether each process is alive."""
     stack = DevStack(project_dir)
-    try:
-        if check:
-            sys.exit(0 if stack.services() is not None else 1)
-        statuses = stack.status()
-    except DevStackError as exc:
-        raise click.ClickException(str(exc)) from exc
+    if check:
+        sys.exit(0 if stack.services() is not None else 1)
+    statuses = stack.status()
     if not statuses:
         _console.print(f"No dev stack in {stack.project_dir}: run `toolledger dev up`.")
         return
@@ -95,10 +88,7 @@ def status(project_dir: Path, check: bool) -> None:
 @_project_dir
 def down(project_dir: Path) -> None:
     """Stop what `up` started; servers it found running are left alone."""
-    try:
-        stopped = DevStack(project_dir).down()
-    except DevStackError as exc:
-        raise click.ClickException(str(exc)) from exc
+    stopped = DevStack(project_dir).down()
     if not stopped:
         _console.print("Nothing to stop.")
     for service in stopped:

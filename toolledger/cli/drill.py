@@ -21,11 +21,9 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from toolledger.devstack import DevStackError
+from toolledger.cli.entry import CommandFailed, ExitStatus, configure_logging
 from toolledger.drill.run import DrillConfig, DrillReport, run_drill
 from toolledger.drill.summary import render
-from toolledger.events.log import LogError
-from toolledger.settings import ConfigError
 
 
 @click.command()
@@ -109,7 +107,7 @@ def drill(
     home: Path | None,
 ) -> None:
     """Kill runtimes, projectors and reconcilers at random points, then check the ledger."""
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    configure_logging(logging.WARNING)
     absorbable = kill_capacity(runs, calls_per_run)
     if kills > absorbable:
         raise click.BadParameter(
@@ -139,12 +137,10 @@ def drill(
     console = Console()
     try:
         report = _run(config, console)
-    except (ConfigError, DevStackError, LogError) as exc:
-        click.echo(f"toolledger drill: {exc}", err=True)
-        sys.exit(2)
     except asyncio.CancelledError:
-        click.echo("toolledger drill: stopped by a signal; its processes were stopped", err=True)
-        sys.exit(143)
+        raise CommandFailed(
+            "stopped by a signal; its processes were stopped", ExitStatus.STOPPED
+        ) from None
     console.print(render(report))
     if report.ok:
         console.print(f"[green]every check held[/] (seed {seed})")
@@ -153,7 +149,7 @@ def drill(
         return
     names = ", ".join(c.name for c in report.violations)
     console.print(f"[red]VIOLATED[/]: {names}. Seed {seed}; logs in {report.home}")
-    sys.exit(1)
+    sys.exit(ExitStatus.NO)
 
 
 def kill_capacity(runs: int, calls: int) -> int:

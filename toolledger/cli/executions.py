@@ -9,8 +9,8 @@ as an admin with database access:
 - `--tenant` (env `TOOLLEDGER_TENANT`) limits what is seen and decided to one tenant; without it
   `list` shows every tenant and the other commands act on the call's own tenant.
 
-Exit status: 0 done, 1 refused or not found (the message says what the call is now), 2 bad
-configuration, 3 the ledger did not answer.
+Exit statuses are every command's (`toolledger.cli.entry`): 0 done, 1 refused or not found (the
+message says what the call is now), 2 bad input or configuration, 3 the ledger did not answer.
 """
 
 from __future__ import annotations
@@ -18,26 +18,25 @@ from __future__ import annotations
 import asyncio
 import getpass
 import json
-import sys
 from collections.abc import Callable, Coroutine
 from datetime import datetime
 from typing import Any, TypeVar, get_args
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from toolledger.api.app import close_stack
 from toolledger.api.compensation import RuntimeCompensator, load_tools
-from toolledger.api.errors import Conflict, InvalidRequest, NotFound, OperatorError
+from toolledger.api.errors import Conflict
 from toolledger.api.service import Operator, OperatorService, resolvable_after
-from toolledger.events.log import LogError
+from toolledger.cli import entry
+from toolledger.cli.entry import exit_status
 from toolledger.events.models import utcnow
 from toolledger.events.records import CallRecord, CallStatus
-from toolledger.settings import ConfigError, Settings, load_settings
+from toolledger.settings import Settings, load_settings
 from toolledger.stack import LedgerStack
 
-_console = Console()
+_console = entry.console()
 _T = TypeVar("_T")
 _STATUSES: tuple[str, ...] = get_args(CallStatus)
 
@@ -100,40 +99,47 @@ def _run(
 
     try:
         return asyncio.run(main(load_settings()))
-    except (ConfigError, ValueError) as exc:
-        click.echo(f"toolledger executions: {exc}", err=True)
-        sys.exit(2)
     except Conflict as exc:
+        # The group prints one line per error; a refusal also says where the call is now.
         click.echo(f"refused ({exc.code}): {exc.message}", err=True)
         if exc.record is not None:
             click.echo(f"now: {_summary(exc.record)}", err=True)
         if exc.resolvable_after is not None:
             click.echo(f"resolvable after {exc.resolvable_after.isoformat()}", err=True)
-        sys.exit(1)
-    except NotFound as exc:
-        click.echo(f"not found: {exc.message}", err=True)
-        sys.exit(1)
-    except InvalidRequest as exc:
-        click.echo(f"toolledger executions: {exc.message}", err=True)
-        sys.exit(2)
-    except OperatorError as exc:
-        click.echo(f"toolledger executions: {exc.message}", err=True)
-        sys.exit(3)
-    except LogError as exc:
-        click.echo(f"toolledger executions: {exc}", err=True)
-        sys.exit(3)
+        raise click.exceptions.Exit(exit_status(exc)) from exc
 
 
 def _summary(record: CallRecord) -> str:
+    """One line: the status, and who decided it, in the words of what happened."""
     text = f"{record.key} is {record.status} (version {record.version})"
-    if record.settled_by is not None:
-        text += f", settled by {record.settled_by}"
-    if record.operator is not None:
-        text += f" ({record.operator}: {record.reason})"
+    op, reason = record.operator, record.reason
+    undoing = record.status in ("compensating", "compensated")
+    if op is not None and (undoing or _undo_failed(record)):
+        # The runtime ran (or tried) the compensation; an operator is who asked for it.
+        failed = "" if undoing else " failed"
+        text += f", compensation asked for by {op}{failed}: {reason}"
+    elif record.status == "approved":
+        text += f", approved by {op}: {reason}"
+    elif record.settled_by == "operator":
+        text += f", settled by operator {op}: {reason}"
+    elif record.settled_by is not None:
+        text += f", settled by {_SETTLERS[record.settled_by]}"
+        if op is not None:
+            text += f" after {op} approved it: {reason}"
     after = resolvable_after(record)
     if after is not None:
         text += f"; resolvable after {after.isoformat(timespec='seconds')}"
     return text
+
+
+_SETTLERS = {"runtime": "the runtime", "reconcile": "its reconcile hook", "operator": "an operator"}
+#: Statuses whose record's `error` is why the call stands where it is; in any other status the
+#: error is from before the call was settled (an operator resolved it completed, say).
+_ERROR_IS_CURRENT = frozenset({"failed", "indeterminate"})
+
+
+def _undo_failed(record: CallRecord) -> bool:
+    return record.status == "completed" and (record.error or "").startswith("compensation failed")
 
 
 def _age(since: datetime) -> str:
@@ -173,7 +179,10 @@ def list_command(
     wanted = {s.strip() for group in statuses for s in group.split(",") if s.strip()}
     unknown = sorted(wanted - set(_STATUSES))
     if unknown:
-        raise click.BadParameter(f"unknown status {', '.join(unknown)}", param_hint="--status")
+        raise click.BadParameter(
+            f"unknown status {', '.join(unknown)}; the statuses are {', '.join(_STATUSES)}",
+            param_hint="--status",
+        )
     chosen = frozenset(s for s in get_args(CallStatus) if s in wanted)
     page = _run(
         (),
@@ -188,7 +197,7 @@ def list_command(
     )
     table = Table(title=f"{len(page.items)} tool executions, longest-waiting first")
     for column in ("key", "tenant", "tool", "status", "ver", "waiting", "error / reason"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")
     for r in page.items:
         table.add_row(
             r.key,
@@ -197,7 +206,7 @@ def list_command(
             r.status,
             str(r.version),
             _age(r.updated_at),
-            r.reason or r.error or "",
+            r.reason or (r.error if r.status in _ERROR_IS_CURRENT else None) or "",
         )
     _console.print(table)
     if page.next_cursor is not None:
@@ -215,7 +224,7 @@ def show_command(key: str, tenant: str | None) -> None:
     _console.print(f"arguments {record.arguments_json}")
     if record.result_json is not None:
         _console.print(f"result {record.result_json} (reference {record.result_reference})")
-    if record.error is not None:
+    if record.error is not None and (record.status in _ERROR_IS_CURRENT or _undo_failed(record)):
         _console.print(f"error {record.error}")
     table = Table(title=f"history of {key}")
     for column in ("offset", "occurred at", "event", "actor", "verdict", "ver", "detail"):

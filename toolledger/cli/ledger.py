@@ -13,31 +13,25 @@ from datetime import UTC, datetime
 from typing import TypeVar
 
 import click
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 from rich.table import Table
 
 from toolledger.audit import as_of_targets, story
-from toolledger.events.fold import broken_chains
+from toolledger.cli import entry
+from toolledger.cli.entry import ExitStatus
+from toolledger.events.fold import HistoryEntry, broken_chains
 from toolledger.events.kafka import KafkaLog
-from toolledger.events.log import LogError, LogIdentityError
 from toolledger.projections.postgres import PostgresLedger
 from toolledger.projections.replay import ReplayReport, compare, replay
-from toolledger.settings import ConfigError, Settings, load_settings
+from toolledger.projections.store import CallQuery
+from toolledger.settings import Settings, load_settings
 
-_console = Console()
+_console = entry.console()
 _T = TypeVar("_T")
 
 
 def _run(body: Callable[[Settings], Coroutine[object, object, _T]]) -> _T:
-    try:
-        return asyncio.run(body(load_settings()))
-    except ConfigError as exc:
-        click.echo(f"toolledger: {exc}", err=True)
-        sys.exit(2)
-    except (LogIdentityError, LogError) as exc:
-        click.echo(f"toolledger: {exc}", err=True)
-        sys.exit(3)
+    return asyncio.run(body(load_settings()))
 
 
 async def _store(settings: Settings, schema: str | None = None) -> PostgresLedger:
@@ -49,32 +43,56 @@ async def _store(settings: Settings, schema: str | None = None) -> PostgresLedge
     return store
 
 
+async def _run_history(store: PostgresLedger, run_id: str) -> list[HistoryEntry]:
+    """A run's own events and those of every call it made, in log order.
+
+    A run driven by `AgentRun` has events of its own (started, checkpointed, ...); one that used
+    the ledger bare has only its calls', and a run id must show those too.
+    """
+    entries = list(await store.history(run_id))
+    after: tuple[datetime, str] | None = None
+    while True:
+        page = await store.list_calls(CallQuery(tenant_id=None, run_id=run_id, after=after))
+        for call in page:
+            entries.extend(await store.history(call.key))
+        if len(page) < CallQuery.limit:
+            break
+        after = (page[-1].updated_at, page[-1].key)
+    return sorted(entries, key=lambda h: (h.partition, h.offset))
+
+
 @click.command()
 @click.argument("key")
 def history(key: str) -> None:
-    """Print every event of KEY (a call key run:call, or a run id) from the ledger history.
+    """Print every event of KEY (a call key run:call, or a run id: the run's events and its
+    calls') from the ledger history.
 
     The chain column starts each entry's hash chain link; a broken link is reported below."""
 
     async def body(settings: Settings) -> int:
         store = await _store(settings)
         try:
-            entries = await store.history(key)
-            record = await store.get_call(key) if ":" in key else None
+            is_call = ":" in key
+            entries = await store.history(key) if is_call else await _run_history(store, key)
+            record = await store.get_call(key) if is_call else None
         finally:
             await store.close()
         if not entries:
             _console.print(f"[yellow]no history for {key}[/yellow]")
-            return 1
+            return ExitStatus.NO
         table = Table(title=f"history of {key}")
-        for col in ("offset", "occurred at", "event", "actor", "verdict", "version", "detail"):
-            table.add_column(col)
-        table.add_column("chain")
+        columns = ["offset", "occurred at", "event", "actor", "verdict", "version", "detail"]
+        if not is_call:
+            columns.insert(2, "key")
+        for col in columns:
+            table.add_column(col, overflow="fold")
+        table.add_column("chain", no_wrap=True)
         for h in entries:
             verdict = "[green]accepted[/green]" if h.accepted else f"[red]{h.reason}[/red]"
             table.add_row(
                 f"{h.partition}/{h.offset}",
                 h.occurred_at.isoformat(timespec="milliseconds"),
+                *([] if is_call else [h.key]),
                 h.event_type,
                 h.actor,
                 verdict,
@@ -87,7 +105,7 @@ def history(key: str) -> None:
             _console.print(f"[red]{line}[/red]", soft_wrap=True)
         if record is not None:
             _console.print(f"now: [bold]{record.status}[/bold] (version {record.version})")
-        return 0
+        return ExitStatus.OK
 
     sys.exit(_run(body))
 
@@ -175,7 +193,7 @@ def replay_command(into: str, verify: bool) -> None:
     _console.print(f"[red]differs from the live ledger[/red] (live {str(report.live_digest)[:16]})")
     for line in report.differences:
         _console.print(f"  - {line}", soft_wrap=True)
-    sys.exit(1)
+    sys.exit(ExitStatus.NO)
 
 
 @click.command("audit")
@@ -229,7 +247,7 @@ def audit_command(
                 "" if v is None else v.detail,
             )
         _console.print(table)
-        return 0 if entries else 1
+        return ExitStatus.OK if entries else ExitStatus.NO
 
     sys.exit(_run(body))
 

@@ -6,8 +6,8 @@ the first process takes every free partition and the others are hot standbys; wi
 Either way the survivors take a dead process's partitions within a second (a hung one's
 within about ten: PostgreSQL ends its idle transaction). A lost database connection is
 survived: positions are re-read when it is back; so is a broker that stops answering (the
-process stands down until it answers again). It exits non-zero with the log-identity error
-when the topic is not the one the ledger was built from.
+process stands down until it answers again). It exits 4 with the log-identity error when the
+topic is not the one the ledger was built from.
 """
 
 from __future__ import annotations
@@ -16,12 +16,11 @@ import asyncio
 import gc
 import logging
 import signal
-import sys
 
 import click
 
-from toolledger.events.log import LogError, LogIdentityError
-from toolledger.settings import ConfigError, load_settings
+from toolledger.cli.entry import configure_logging
+from toolledger.settings import load_settings
 from toolledger.stack import LedgerStack
 
 
@@ -62,17 +61,5 @@ async def _run(status_every: float) -> None:
 )
 def projector(status_every: float) -> None:
     """Fold toolledger.events into the PostgreSQL ledger (configured by TOOLLEDGER_*)."""
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s"
-    )
-    try:
-        asyncio.run(_run(status_every))
-    except ConfigError as exc:
-        click.echo(f"toolledger projector: {exc}", err=True)
-        sys.exit(2)
-    except LogIdentityError as exc:
-        click.echo(f"toolledger projector: stopped: {exc}", err=True)
-        sys.exit(3)
-    except LogError as exc:
-        click.echo(f"toolledger projector: {exc}", err=True)
-        sys.exit(4)
+    configure_logging(logging.INFO)
+    asyncio.run(_run(status_every))

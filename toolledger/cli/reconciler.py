@@ -11,28 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 from datetime import timedelta
 
 import click
-import faust
 
-from toolledger.events.log import LogError, TopicMissing
+from toolledger.cli.entry import CommandFailed, ExitStatus, configure_logging, run_worker
+from toolledger.events.log import TopicMissing
 from toolledger.processors.app import DEFAULT_SESSION_TIMEOUT_S
 from toolledger.processors.reconciler import Reconciler, collect_tools, reconciler_app
 from toolledger.processors.schedule import ReconcilePolicy
-from toolledger.settings import ConfigError, load_settings
+from toolledger.settings import load_settings
 from toolledger.stack import LedgerStack
 
 log = logging.getLogger("toolledger.reconciler")
-
-
-class _Failed(Exception):
-    """A startup problem already phrased for the operator, with the exit status to use."""
-
-    def __init__(self, message: str, status: int) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 def _policies(default: ReconcilePolicy, overrides: tuple[str, ...]) -> dict[str, ReconcilePolicy]:
@@ -64,15 +55,15 @@ async def _run(
     concurrency: int,
 ) -> None:
     settings = load_settings()
-    try:
-        tools = collect_tools(modules)
-    except (ImportError, ValueError) as exc:
-        raise _Failed(f"cannot load the tools of {', '.join(modules)}: {exc}", 2) from exc
+    tools = collect_tools(modules)
     hooked = sorted(name for name, tool in tools.items() if tool.reconcile is not None)
     log.info("tools with a reconcile hook: %s", ", ".join(hooked) or "none")
     for name in policies:
         if name not in tools:
-            raise _Failed(f"--tool-max-attempts names {name}, which no given module declares", 2)
+            raise CommandFailed(
+                f"--tool-max-attempts names {name}, which no given module declares",
+                ExitStatus.USAGE,
+            )
     stack = await LedgerStack.connect(settings, create_topics=False)
     reconciler: Reconciler | None = None
     try:
@@ -80,16 +71,15 @@ async def _run(
             partitions = await stack.facts.partition_count()
             events = await stack.events.partition_count()
         except TopicMissing as exc:
-            raise _Failed(
+            raise TopicMissing(
                 f"{settings.facts_topic} or {settings.events_topic} does not exist yet: start "
-                "`toolledger projector` once against this Kafka, it creates the topics",
-                4,
+                "`toolledger projector` once against this Kafka, it creates the topics"
             ) from exc
         if partitions != events:
-            raise _Failed(
+            raise CommandFailed(
                 f"{settings.facts_topic} has {partitions} partitions but {settings.events_topic} "
                 f"has {events}; the facts topic must be partitioned like the events topic",
-                4,
+                ExitStatus.LOG_MISMATCH,
             )
         reconciler = Reconciler(
             tools,
@@ -108,12 +98,7 @@ async def _run(
             session_timeout=session_timeout,
             scan_every=scan_every,
         )
-        # The worker installs the SIGTERM/SIGINT handlers and returns once it has stopped.
-        worker = faust.Worker(app, quiet=True, redirect_stdouts=False, override_logging=False)
-        worker.spinner = None  # a terminal spinner; its escape codes would garble the log
-        await worker.start()
-        if worker.crash_reason is not None:
-            raise _Failed(f"stopped after a crash: {worker.crash_reason!r}", 1)
+        await run_worker(app)
     finally:
         if reconciler is not None:
             await reconciler.close()
@@ -127,7 +112,8 @@ async def _run(
     multiple=True,
     required=True,
     metavar="MODULE",
-    help="Module declaring the Toolsets/Tools whose hooks to ask (repeatable, or comma-separated).",
+    help="Module declaring the Toolsets/Tools whose hooks to ask (repeatable, or comma-separated); "
+    "it must be importable here: installed, or a package under the working directory.",
 )
 @click.option(
     "--max-attempts",
@@ -198,9 +184,7 @@ def reconciler(
     concurrency: int,
 ) -> None:
     """Settle unknown calls with their tools' reconcile hooks (configured by TOOLLEDGER_*)."""
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s"
-    )
+    configure_logging(logging.INFO)
     modules = [m.strip() for item in tool_modules for m in item.split(",") if m.strip()]
     try:
         policy = ReconcilePolicy(
@@ -212,24 +196,14 @@ def reconciler(
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
     policies = _policies(policy, tool_max_attempts)
-    try:
-        asyncio.run(
-            _run(
-                modules,
-                policy,
-                policies,
-                group=group,
-                session_timeout=session_timeout,
-                scan_every=scan_every,
-                concurrency=concurrency,
-            )
+    asyncio.run(
+        _run(
+            modules,
+            policy,
+            policies,
+            group=group,
+            session_timeout=session_timeout,
+            scan_every=scan_every,
+            concurrency=concurrency,
         )
-    except ConfigError as exc:
-        click.echo(f"toolledger reconciler: {exc}", err=True)
-        sys.exit(2)
-    except _Failed as exc:
-        click.echo(f"toolledger reconciler: {exc}", err=True)
-        sys.exit(exc.status)
-    except LogError as exc:
-        click.echo(f"toolledger reconciler: {exc}", err=True)
-        sys.exit(4)
+    )

@@ -16,14 +16,15 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from toolledger.api.tokens import ROLES, PostgresTokens
+from toolledger.cli import entry
+from toolledger.cli.entry import ExitStatus
 from toolledger.events.models import utcnow
 from toolledger.settings import ConfigError, load_settings
 
-_console = Console()
+_console = entry.console()
 _T = TypeVar("_T")
 _TTL = re.compile(r"^(\d+)([smhd]?)$")
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -52,11 +53,7 @@ def _run(body: Callable[[PostgresTokens], Coroutine[Any, Any, _T]]) -> _T:
         finally:
             await store.close()
 
-    try:
-        return asyncio.run(main())
-    except ConfigError as exc:
-        click.echo(f"toolledger tokens: {exc}", err=True)
-        sys.exit(2)
+    return asyncio.run(main())
 
 
 @click.group()
@@ -121,6 +118,6 @@ def revoke_command(token_id: str) -> None:
     record = _run(lambda store: store.revoke(token_id))
     if record is None:
         click.echo(f"no token {token_id}; see `toolledger tokens list`", err=True)
-        sys.exit(1)
+        sys.exit(ExitStatus.NO)
     assert record.revoked_at is not None
     click.echo(f"token {record.token_id} revoked at {record.revoked_at.isoformat()}")

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from toolledger.drill.ledgerdb import LedgerDB
 from toolledger.drill.procs import Proc, Procs
 from toolledger.drill.services import PrivatePostgres
+from toolledger.errors import ExitStatus
 from toolledger.events.log import EventLog, LogError
 
 log = logging.getLogger("toolledger.drill")
@@ -49,7 +50,7 @@ class ChaosTally:
     listen_kills: int = 0
     poison: list[str] = field(default_factory=list)
     postgres_restarts: int = 0
-    #: Projectors that stopped with the log-identity error (exit 3) while the log was intact.
+    #: Projectors that stopped with the log-identity error (exit 4) while the log was intact.
     identity_stops: list[str] = field(default_factory=list)
 
 
@@ -105,10 +106,10 @@ class Chaos:
         for proc in [p for p in self.projectors if not p.alive()]:
             log.warning("%s exited with %s; starting another", proc.name, proc.returncode)
             self.projectors.remove(proc)
-            if proc.returncode == 3:
+            if proc.returncode == ExitStatus.LOG_MISMATCH:
                 stopped = [line for line in proc.output().splitlines() if "stopped:" in line]
                 self.tally.identity_stops.append(
-                    f"{proc.name}: {stopped[-1] if stopped else 'exit 3'}"
+                    f"{proc.name}: {stopped[-1] if stopped else 'exit 4'}"
                 )
         while len(self.projectors) < count:
             self.start_projector()

@@ -2,9 +2,9 @@
 
 The local broker (tansu) keeps nothing across a restart, so restarting the drill's private
 broker on its port is what losing a Kafka cluster's data looks like. What must follow
-(ARCHITECTURE.md, "Log identity"; "Fail closed"):
+(docs/architecture.md, "The projector": the log's identity; "Fail closed"):
 
-- the running projectors stop with the log-identity error (exit status 3), and so does one
+- the running projectors stop with the log-identity error (exit status 4), and so does one
   started after the reset: the epoch marker they stored is gone from offset 0;
 - a runtime that starts a run afterwards fails closed: no verdict comes, the run ends
   `unavailable`, and no request reaches billing;
@@ -24,6 +24,7 @@ from toolledger.drill.checks import Check
 from toolledger.drill.driver import Dispatcher
 from toolledger.drill.killpoints import read_lines
 from toolledger.drill.services import DrillServices
+from toolledger.errors import ExitStatus
 from toolledger.stack import LedgerStack
 
 
@@ -52,7 +53,10 @@ async def broker_reset(
         if not any(p.alive() for p in projectors):
             break
         await asyncio.sleep(0.1)
-    stopped = [p.returncode == 3 and bool(identity.search(p.output())) for p in projectors]
+    stopped = [
+        p.returncode == ExitStatus.LOG_MISMATCH and bool(identity.search(p.output()))
+        for p in projectors
+    ]
     probe = "probe-after-reset"
     requests_before = sum(sum(c.values()) for c in billing.requests().values())
     dispatcher.procs.env["TOOLLEDGER_VERDICT_TIMEOUT_S"] = "3"
@@ -83,9 +87,9 @@ async def broker_reset(
     return [
         Check(
             "broker reset stops the projectors",
-            all(stopped) and late.returncode == 3,
+            all(stopped) and late.returncode == ExitStatus.LOG_MISMATCH,
             f"running projectors exited with {[p.returncode for p in projectors]}, one "
-            f"started after the reset with {late.returncode} (3: the log-identity error)",
+            f"started after the reset with {late.returncode} (4: the log-identity error)",
         ),
         Check(
             "runtimes fail closed after a broker reset",

@@ -1,6 +1,6 @@
 """Events to bytes and back: the format of every record in `toolledger.events`, forever.
 
-Two layers, so each can be tested and replaced on its own (STYLE.md, item 6):
+Two layers, so each can be tested and replaced on its own:
 
 - the **datum layer** turns a frozen event model into a plain Avro datum and back: datetimes become
   microseconds since the epoch (UTC), UUIDs strings, nested models dicts. It is driven by the
@@ -28,6 +28,7 @@ from typing import Any, Literal, NamedTuple
 from fastavro import schemaless_reader, schemaless_writer
 from pydantic import ValidationError
 
+from toolledger.errors import ToolLedgerError
 from toolledger.events.models import EVENT_TYPES, Event
 from toolledger.schemas import AvroSchema, SchemaRegistry
 
@@ -37,11 +38,13 @@ HEADER_SIZE = len(MARKER) + 8
 DecodeReason = Literal["not_single_object", "unknown_fingerprint", "truncated", "malformed"]
 
 
-class DecodeError(Exception):
+class DecodeError(ToolLedgerError):
     """Bytes that are not an event this process can read, and why.
 
     `fingerprint` (hex, as framed) and `schema` (`<Type>.v<N>`) are set when the frame told us.
     """
+
+    code = "undecodable"
 
     def __init__(
         self,

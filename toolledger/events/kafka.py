@@ -1,6 +1,6 @@
 """KafkaLog: the EventLog on a Kafka topic, through aiokafka.
 
-Choices that follow from the design (ARCHITECTURE.md, "The projector" and "Services"):
+Choices that follow from the design (docs/architecture.md, "The projector" and "Services"):
 
 - The producer waits for `acks="all"` and is not idempotent: toolledger uses no Kafka
   transactions, dedups by event_id instead, and the local broker (tansu) fails aiokafka's

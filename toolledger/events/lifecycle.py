@@ -6,7 +6,7 @@ Every projection (PostgreSQL, memory) and every replay folds the log through thi
 nothing else, so they cannot disagree. It does no I/O and reads no clock: the only notion of time
 is the event's `occurred_at` and the reservation's `deadline`.
 
-The rules are the table in ARCHITECTURE.md, "The decider". Their version is
+The rules are the table in docs/architecture.md, "The decider". Their version is
 `toolledger.events.models.SCHEMA_VERSION`; the recorded-log fixture test fails when a change
 would fold an old log differently.
 """

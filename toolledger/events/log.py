@@ -20,20 +20,28 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from toolledger.errors import ToolLedgerError
+
 EPOCH_MARKER_KEY = b"toolledger.epoch"
 _EPOCH_MARKER_PREFIX = b"TLEPOCH1"
 
 
-class LogError(Exception):
+class LogError(ToolLedgerError):
     """The log cannot be used as asked (unreachable, missing topic, wrong shape)."""
+
+    code = "log_error"
 
 
 class TopicMissing(LogError):
     """The topic does not exist (never created, or the broker lost it)."""
 
+    code = "topic_missing"
+
 
 class LogIdentityError(LogError):
     """The log is not the one the ledger was built from; says what happened and what to do."""
+
+    code = "log_identity"
 
 
 @dataclass(frozen=True)

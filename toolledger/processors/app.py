@@ -3,7 +3,7 @@
 Processors consume the facts topic (`toolledger.ledger`), never requests, and keep their state in
 changelog-backed faust tables, so a restarted or moved processor recovers its state from Kafka.
 The settings below are the ones that matter for that, against any Kafka and against the local
-development broker (tansu, see ARCHITECTURE.md "Services"):
+development broker (tansu, see docs/architecture.md, "Services"):
 
 - `producer_max_batch_size=1` (bytes, so every record is its own batch). tansu answers
   ListOffsets "latest" with the base offset of the partition's last *batch* plus one, not its
@@ -35,7 +35,7 @@ import faust
 
 from toolledger.settings import Settings
 
-#: Session timeout against the development broker: 2-6 s is what ARCHITECTURE.md asks for.
+#: Session timeout against the development broker: 2-6 s is what docs/architecture.md asks for.
 DEFAULT_SESSION_TIMEOUT_S = 3.0
 
 

@@ -30,7 +30,6 @@ back through the agent.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -42,6 +41,7 @@ from prometheus_client import Counter
 
 from toolledger.events.models import utcnow
 from toolledger.events.records import CallRecord, Verdict
+from toolledger.modules import ModuleLoadError, import_user_module
 from toolledger.processors.app import DEFAULT_SESSION_TIMEOUT_S, processor_app
 from toolledger.processors.app import facts_topic as facts_topic_of
 from toolledger.processors.findings import Finding, ask_hook, finding_for
@@ -70,7 +70,7 @@ def collect_tools(modules: Iterable[str]) -> dict[str, AnyTool]:
     the tools of module attributes that are `Toolset`s."""
     tools: dict[str, AnyTool] = {}
     for name in modules:
-        module = importlib.import_module(name)
+        module = import_user_module(name, "--tools")
         declared = [
             tool
             for value in list(vars(module).values())
@@ -78,10 +78,10 @@ def collect_tools(modules: Iterable[str]) -> dict[str, AnyTool]:
             if isinstance(tool, Tool)
         ]
         if not declared:
-            raise ValueError(f"{name} declares no Toolset or Tool at its top level")
+            raise ModuleLoadError(f"--tools {name} declares no Toolset or Tool at its top level")
         for tool in declared:
             if tools.setdefault(tool.name, tool) is not tool:
-                raise ValueError(
+                raise ModuleLoadError(
                     f"two different tools are named {tool.name} (one in {name}); tool names "
                     "must be unique, or the reconciler cannot tell whose hook to ask"
                 )

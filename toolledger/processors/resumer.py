@@ -16,7 +16,6 @@ Driving the run (model, tools) is the host's: typically `AgentRun(...).resume()`
 
 from __future__ import annotations
 
-import importlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -24,6 +23,7 @@ from typing import Any
 import faust
 
 from toolledger.events.records import CallRecord, RunRecord
+from toolledger.modules import ModuleLoadError, import_user_module
 from toolledger.processors.app import DEFAULT_SESSION_TIMEOUT_S, processor_app
 from toolledger.processors.app import facts_topic as facts_topic_of
 from toolledger.projections.facts import Fact
@@ -40,10 +40,10 @@ def load_hook(spec: str) -> ResumeHook:
     """`package.module:function` -> the async resume hook it names."""
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
-        raise ValueError(f"{spec!r}: expected module:function, e.g. myapp.agents:resume")
-    hook = getattr(importlib.import_module(module_name), attr, None)
+        raise ModuleLoadError(f"--app {spec}: expected module:function, e.g. myapp.agents:resume")
+    hook = getattr(import_user_module(module_name, "--app"), attr, None)
     if hook is None or not callable(hook):
-        raise ValueError(f"{spec!r}: {module_name} has no callable {attr}")
+        raise ModuleLoadError(f"--app {spec}: {module_name} has no callable {attr}")
     return hook  # type: ignore[no-any-return]
 
 

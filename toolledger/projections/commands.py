@@ -15,7 +15,7 @@ from toolledger.events.codec import encode
 from toolledger.events.log import EventLog, LogError, Position
 from toolledger.events.models import Event
 from toolledger.events.records import Verdict
-from toolledger.projections.verdicts import LedgerUnavailable, VerdictWaiter
+from toolledger.projections.verdicts import LedgerUnavailable, VerdictWaiter, seconds
 
 log = logging.getLogger("toolledger.commands")
 
@@ -40,7 +40,7 @@ class LedgerCommands:
             except (LogError, TimeoutError) as exc:
                 if time.monotonic() + delay >= deadline:
                     raise LedgerUnavailable(
-                        f"could not append {event.type} for {event.key} within {timeout:g}s "
+                        f"could not append {event.type} for {event.key} within {seconds(timeout)} "
                         f"({exc}); Kafka is unreachable"
                     ) from exc
                 log.warning("append of %s failed (%s); resending", event.event_id, exc)

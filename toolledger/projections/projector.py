@@ -46,10 +46,6 @@ log = logging.getLogger("toolledger.projector")
 VerdictSink = Callable[[int, Sequence[Verdict]], Awaitable[None]]
 
 
-class PartitionHalted(Exception):
-    """A partition stopped at a record this projector cannot read."""
-
-
 def run_id_of(key: bytes | None) -> str | None:
     """The run a record's key names, if it names one (for quarantining dead letters)."""
     if not key:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from toolledger.events.fold import broken_chains
 from toolledger.events.log import EventLog, LogIdentityError
@@ -102,6 +103,16 @@ async def replay(
     return report
 
 
+def shown(value: object) -> str:
+    """A field's value as an operator reads it: `2026-11-30T10:00:00+00:00`, not
+    `datetime.datetime(2026, 11, 30, 10, 0, tzinfo=datetime.timezone.utc)`."""
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, str):
+        return value or "''"
+    return str(value)
+
+
 def compare(live: LedgerSnapshot, replayed: LedgerSnapshot, limit: int = 20) -> list[str]:
     """Human-readable differences between two ledgers (empty when identical).
 
@@ -123,7 +134,7 @@ def compare(live: LedgerSnapshot, replayed: LedgerSnapshot, limit: int = 20) -> 
                 out.append(f"{what} {key} exists only in the {side}")
                 continue
             fields = [
-                f"{name}: live {getattr(a, name)!r} != replay {getattr(b, name)!r}"
+                f"{name}: live {shown(getattr(a, name))} != replay {shown(getattr(b, name))}"
                 for name in type(a).model_fields
                 if getattr(a, name) != getattr(b, name)
             ]

@@ -23,6 +23,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from toolledger.errors import ToolLedgerError
 from toolledger.events.fold import DeadLetter, HistoryEntry, LedgerFold, Positioned, ledger_digest
 from toolledger.events.lifecycle import SigningKeys
 from toolledger.events.log import LogIdentity, LogIdentityError
@@ -30,12 +31,16 @@ from toolledger.events.records import UNSETTLED, CallRecord, CallStatus, RunReco
 from toolledger.projections.facts import Fact
 
 
-class StoreError(Exception):
+class StoreError(ToolLedgerError):
     """The ledger store cannot do what was asked."""
+
+    code = "store_error"
 
 
 class OffsetConflict(StoreError):
     """The stored next offset moved: another projector owns this partition now."""
+
+    code = "offset_conflict"
 
     def __init__(self, partition: int, expected: int, actual: int | None) -> None:
         super().__init__(

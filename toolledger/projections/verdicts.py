@@ -25,6 +25,7 @@ from collections.abc import Sequence
 
 import asyncpg
 
+from toolledger.errors import ToolLedgerError
 from toolledger.events.records import Verdict
 from toolledger.projections.dberrors import DATABASE_ERRORS
 
@@ -33,11 +34,18 @@ log = logging.getLogger("toolledger.verdicts")
 POLL_INTERVAL = 0.05
 
 
-class LedgerUnavailable(Exception):
+def seconds(value: float) -> str:
+    """A duration for a message: `10s`, `2.5s`, never `9.99734s`."""
+    return f"{value:.0f}s" if value >= 10 else f"{value:.2g}s"
+
+
+class LedgerUnavailable(ToolLedgerError):
     """No verdict came in time: Kafka, the projector or PostgreSQL is down or behind.
 
     Raised before a tool runs, it means the call was not attempted.
     """
+
+    code = "ledger_unavailable"
 
 
 class VerdictSource(ABC):
@@ -114,8 +122,9 @@ class VerdictWaiter:
                 return await asyncio.shield(fut)
         except TimeoutError:
             raise LedgerUnavailable(
-                f"no verdict for event {event_id} within {timeout:g}s: the projector, Kafka or "
-                "PostgreSQL is down or behind"
+                f"no verdict for event {event_id} within {seconds(timeout)}: the projector, "
+                "Kafka or PostgreSQL is down or behind (is a `toolledger projector` running "
+                "against this ledger?)"
             ) from None
         finally:
             self.discard(event_id, fut)

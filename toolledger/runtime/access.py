@@ -1,7 +1,7 @@
 """LedgerAccess: the few ways the runtime reads the ledger and waits for it.
 
 `Ledger` and the replay rules (`toolledger.runtime.replay`) share these, and they encode two
-rules of ARCHITECTURE.md that must not drift apart:
+rules of docs/architecture.md that must not drift apart:
 
 - **Fail closed.** A record that cannot be read (PostgreSQL down) is `LedgerUnavailable`, raised
   before any tool runs, never treated as "no record, go ahead".

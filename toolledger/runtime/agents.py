@@ -20,9 +20,13 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from toolledger.errors import ToolLedgerError
 
-class AgentConfigError(ValueError):
+
+class AgentConfigError(ToolLedgerError, ValueError):
     """The agent configuration is invalid; the message names the file and the field."""
+
+    code = "agent_config"
 
 
 class ToolPolicy(BaseModel):

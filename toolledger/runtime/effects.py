@@ -2,7 +2,7 @@
 
 A tool says what it does to the world (`read()`, `write()`, `external()`, `destructive()`) and
 the runtime derives how often it may run from that declaration alone, because a generic retry
-policy cannot tell a refund from a search (guarantees 3 and 4 in ARCHITECTURE.md):
+policy cannot tell a refund from a search (guarantees 3 and 4 in docs/architecture.md):
 
 - `read()`: up to 3 attempts with exponential backoff and full jitter. Repeating a read costs
   time, never an effect, so a read that times out is simply tried again.

@@ -7,7 +7,7 @@ Two raised *by tools*, to tell the runtime what happened:
 - `ToolFailedError`: the other system definitely said no. Recorded `failed`; no effect.
 
 The rest are raised *by* `Ledger.call` about one call. Every message says what happened, to
-which call (tool, run, call id), and what to do next (STYLE.md item 15), because the people who
+which call (tool, run, call id), and what to do next, because the people who
 read them are operators deciding whether a customer was charged. They all derive from
 `ToolCallError`, which carries the key and the tool name for code that branches on them.
 """
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from toolledger.errors import ToolLedgerError
 from toolledger.events.records import CallRecord
 from toolledger.projections.verdicts import LedgerUnavailable
 
@@ -37,12 +38,16 @@ __all__ = [
 ]
 
 
-class ToolNotAttemptedError(Exception):
+class ToolNotAttemptedError(ToolLedgerError):
     """Raised by a tool that refused before any request left: safe to run again later."""
 
+    code = "tool_not_attempted"
 
-class ToolFailedError(Exception):
+
+class ToolFailedError(ToolLedgerError):
     """Raised by a tool when the other system definitely refused: the call had no effect."""
+
+    code = "tool_failed"
 
 
 def call_label(tool: str, key: str) -> str:
@@ -56,8 +61,10 @@ def resolve_command(key: str) -> str:
     return f"`toolledger executions resolve {key} --outcome completed|failed --reason ...`"
 
 
-class ToolCallError(Exception):
+class ToolCallError(ToolLedgerError):
     """An error about one call; `key` and `tool` name it for code that branches on it."""
+
+    code = "tool_call_error"
 
     def __init__(self, message: str, *, key: str, tool: str) -> None:
         super().__init__(message)
@@ -76,6 +83,8 @@ class ToolCallError(Exception):
 class ToolArgumentsError(ToolCallError, ValueError):
     """The arguments do not fit the tool's signature; nothing was reserved or run."""
 
+    code = "invalid_arguments"
+
     def __init__(self, *, key: str, tool: str, problems: str) -> None:
         super().__init__(
             f"call {call_label(tool, key)} was not made: its arguments do not fit the tool's "
@@ -87,6 +96,8 @@ class ToolArgumentsError(ToolCallError, ValueError):
 
 class KeyConflictError(ToolCallError):
     """The key was first used with other arguments; the tool did not run."""
+
+    code = "key_conflict"
 
     def __init__(self, *, key: str, tool: str, recorded: str, given: str) -> None:
         super().__init__(
@@ -101,19 +112,28 @@ class KeyConflictError(ToolCallError):
 class RunSuperseded(ToolCallError):
     """Another driver holds the run (or it ended): this one must stand down."""
 
+    code = "run_superseded"
+
     def __init__(self, *, key: str, tool: str, detail: str) -> None:
-        run_id = key.partition(":")[0]
+        run_id, _, tool_call_id = key.partition(":")
+        what = f"call {call_label(tool, key)} was not made" if tool_call_id else f"run {run_id}"
         super().__init__(
-            f"call {call_label(tool, key)} was not made: {detail}. This driver of run {run_id} "
-            "is superseded and must stand down; reload the run from its latest checkpoint if "
-            "it should go on.",
+            f"{what}: {detail}. This driver of run {run_id} is superseded and must stand down; "
+            "reload the run from its latest checkpoint if it should go on.",
             key=key,
             tool=tool,
         )
 
+    @classmethod
+    def of_run(cls, run_id: str, detail: str) -> RunSuperseded:
+        """About the whole run (a checkpoint or run event refused), not one of its calls."""
+        return cls(key=run_id, tool="-", detail=detail)
+
 
 class ToolCallInProgress(ToolCallError):
     """Someone else's reservation of the key is running and may still finish."""
+
+    code = "call_in_progress"
 
     def __init__(self, *, key: str, tool: str, open_until: datetime) -> None:
         super().__init__(
@@ -128,6 +148,8 @@ class ToolCallInProgress(ToolCallError):
 
 class ToolCallIndeterminate(ToolCallError):
     """Nobody knows whether the call took effect; it is never run again by itself."""
+
+    code = "call_indeterminate"
 
     def __init__(self, record: CallRecord, *, tool: str | None = None) -> None:
         name = tool or record.tool
@@ -145,6 +167,8 @@ class ToolCallIndeterminate(ToolCallError):
 
 class ToolCallFailed(ToolCallError):
     """Raised by `ToolOutcome.result()` for a call that is settled without a result."""
+
+    code = "call_failed"
 
     def __init__(
         self,
@@ -177,6 +201,8 @@ class ToolCallFailed(ToolCallError):
 class ToolCallAwaitingApproval(ToolCallError):
     """The tool requires an operator's approval and has not run."""
 
+    code = "awaiting_approval"
+
     def __init__(self, *, key: str, tool: str, record: CallRecord | None = None) -> None:
         super().__init__(
             f"call {call_label(tool, key)} needs an operator's approval and has not run. "
@@ -191,6 +217,8 @@ class ToolCallAwaitingApproval(ToolCallError):
 class RunQuarantined(ToolCallError):
     """The run's log holds a record nobody can read; its requests are refused until inspected."""
 
+    code = "run_quarantined"
+
     def __init__(self, *, key: str, tool: str, detail: str) -> None:
         run_id = key.partition(":")[0]
         super().__init__(
@@ -204,6 +232,8 @@ class RunQuarantined(ToolCallError):
 class TenantMismatchError(ToolCallError, PermissionError):
     """The run belongs to another tenant; nothing was reserved or run."""
 
+    code = "tenant_mismatch"
+
     def __init__(self, *, key: str, tool: str, tenant_id: str) -> None:
         run_id = key.partition(":")[0]
         super().__init__(
@@ -216,6 +246,8 @@ class TenantMismatchError(ToolCallError, PermissionError):
 
 class ToolResultUnreadable(ToolCallError):
     """A completed call's recorded result does not fit the tool's declared return type."""
+
+    code = "result_unreadable"
 
     def __init__(self, *, key: str, tool: str, result_json: str, expected: str, why: str) -> None:
         shown = result_json if len(result_json) <= 80 else result_json[:77] + "..."

@@ -1,7 +1,7 @@
 """`Ledger`: what an agent runtime calls to make a tool call take effect once.
 
 `await ledger.call(tool, run_id=..., tool_call_id=..., tenant_id=..., arguments={...})` walks
-the command flow of ARCHITECTURE.md ("Commands: append, then await a durable verdict"):
+the flow of docs/architecture.md ("A call, step by step"):
 
 1. validate the arguments and fingerprint them (`args_digest`);
 2. read the key's record (the fast path). A completed key with the same digest returns its
@@ -113,9 +113,11 @@ class Ledger(LedgerAccess):
     ) -> Ledger:
         """Kafka and PostgreSQL, from `settings` or the `TOOLLEDGER_*` environment.
 
-        A bad or missing setting raises `ConfigError` naming the variable. Projectors are
-        separate processes in production (`toolledger projector`); `run_projector=True` runs
-        one in this process (tests, single-node setups).
+        A bad or missing setting raises `ConfigError` naming the variable. Every call awaits a
+        verdict from a projector, so one must be running: separate processes in production
+        (`toolledger projector`), or `run_projector=True` for one in this process (tests,
+        single-node setups). Without one, each call is refused, not attempted, after
+        `TOOLLEDGER_VERDICT_TIMEOUT_S`.
         """
         settings = settings if settings is not None else load_settings()
         stack = await LedgerStack.connect(settings, run_projector=run_projector)

@@ -143,11 +143,10 @@ class AgentRun:
         """
         run = await self._run_record()
         if run.version is None or run.version == 0:
-            raise RunSuperseded(
-                key=self.run_id,
-                tool="-",
-                detail=f"run {self.run_id} has no checkpoint to resume (it stopped before its "
-                "prompt was saved): start a new run",
+            raise RunSuperseded.of_run(
+                self.run_id,
+                "it has no checkpoint to resume (it stopped before its prompt was saved): "
+                "start a new run",
             )
         if run.status in ("completed", "failed", "cancelled"):
             return RunResult(self.run_id, _final(run.status), json.loads(run.state_json))
@@ -320,17 +319,15 @@ class AgentRun:
             event, self.ledger.verdict_timeout
         )
         if not verdict.accepted:
-            raise RunSuperseded(
-                key=self.run_id,
-                tool="-",
-                detail=f"{event.type} was rejected ({verdict.reason}): {verdict.detail}",
+            raise RunSuperseded.of_run(
+                self.run_id, f"{event.type} was rejected ({verdict.reason}): {verdict.detail}"
             )
         return verdict
 
     async def _run_record(self) -> RunRecord:
         run = await self.ledger.stack.store.get_run(self.run_id)
         if run is None:
-            raise RunSuperseded(key=self.run_id, tool="-", detail=f"no run {self.run_id}")
+            raise RunSuperseded.of_run(self.run_id, "the ledger has no such run")
         return run
 
     def _envelope(self) -> dict[str, Any]:

@@ -1,0 +1,121 @@
+"""The CLI as a newcomer meets it, against real Kafka and PostgreSQL: each test runs the
+`toolledger` command in a subprocess with its output piped (no terminal, no `COLUMNS`)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import AsyncIterator
+
+import pytest
+
+from tests import api_support as s
+from toolledger.api.app import close_stack
+from toolledger.settings import Settings
+from toolledger.stack import LedgerStack
+
+
+@pytest.fixture
+def ledger_settings(
+    pg_dsn: str, kafka_bootstrap: str, pg_schema: str, topic_prefix: str
+) -> Settings:
+    return s.api_settings(
+        database_url=pg_dsn,
+        kafka_bootstrap=kafka_bootstrap,
+        schema_name=pg_schema,
+        topic_prefix=f"{topic_prefix}.",
+        partitions=2,
+    )
+
+
+@pytest.fixture
+async def calls(ledger_settings: Settings) -> AsyncIterator[s.Calls]:
+    stack = await LedgerStack.connect(ledger_settings, run_projector=True)
+    try:
+        yield s.Calls(stack)
+    finally:
+        await close_stack(stack)
+
+
+async def _cli(settings: Settings, *args: str) -> tuple[int, str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    env |= {
+        "TOOLLEDGER_DATABASE_URL": str(settings.database_url),
+        "TOOLLEDGER_KAFKA_BOOTSTRAP": str(settings.kafka_bootstrap),
+        "TOOLLEDGER_SCHEMA": settings.schema_name,
+        "TOOLLEDGER_TOPIC_PREFIX": settings.topic_prefix,
+        "TOOLLEDGER_SIGNING_KEYS": f"{s.KEY_ID}:{s.SECRET}",
+        "TOOLLEDGER_OPERATOR": "carol",
+    }
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "toolledger",
+        *args,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
+async def test_history_of_a_bare_ledger_run_shows_its_calls(
+    calls: s.Calls, ledger_settings: Settings
+) -> None:
+    """`history RUN_ID` said "no history" for a run made with `Ledger.call` alone, although its
+    help says a run id works: such a run has no events of its own, only its calls'."""
+    first = await calls.completed("bare-run", "c1")
+    second = await calls.indeterminate("bare-run", "c2")
+    await calls.completed("other-run", "c1")
+    code, out, err = await _cli(ledger_settings, "history", "bare-run")
+    assert code == 0, out + err
+    assert first.key in out and second.key in out
+    assert "other-run" not in out
+    assert out.index("call_completed") < out.index("call_indeterminate")  # log order
+
+
+async def test_show_of_a_call_resolved_completed_no_longer_prints_its_old_error(
+    calls: s.Calls, ledger_settings: Settings
+) -> None:
+    """A call resolved `completed` still printed "error timeout" from before it was settled."""
+    r = await calls.indeterminate("resolved-run")
+    code, out, err = await _cli(ledger_settings, "executions", "show", r.key)
+    assert code == 0, err
+    assert "error timeout" in out  # while indeterminate, the error is why
+    code, out, err = await _cli(
+        ledger_settings, "executions", "resolve", r.key, "--outcome", "completed",
+        "--reason", "found in billing",
+    )  # fmt: skip
+    assert code == 0, err
+    assert "settled by operator carol: found in billing" in out
+    code, out, err = await _cli(ledger_settings, "executions", "show", r.key)
+    assert code == 0, err
+    assert "error timeout" not in out
+    assert "call_indeterminate" in out  # the history still tells it
+
+
+async def test_piped_listings_show_whole_keys_tool_names_and_token_ids(
+    calls: s.Calls, ledger_settings: Settings
+) -> None:
+    """Piped output was cut to 80 columns with ellipses, so `tokens revoke` needed an id that
+    `tokens list` never showed whole."""
+    run_id = "a-run-id-far-longer-than-any-table-column-of-eighty-characters-would-allow"
+    tool = "billing_and_payments.issue_a_credit_to_the_customer_account"
+    r = await calls.indeterminate(run_id, "call-0987654321", tool=tool)
+    code, out, err = await _cli(ledger_settings, "executions", "list")
+    assert code == 0, err
+    assert r.key in out and tool in out
+    code, _, err = await _cli(
+        ledger_settings, "tokens", "create", "--tenant", "acme",
+        "--operator", "an-operator-with-a-long-name@example.com", "--role", "viewer",
+    )  # fmt: skip
+    assert code == 0, err
+    token_id = err.split()[1].rstrip(":")
+    code, out, err = await _cli(ledger_settings, "tokens", "list")
+    assert code == 0, err
+    assert token_id in out and "an-operator-with-a-long-name@example.com" in out
+    code, out, err = await _cli(ledger_settings, "tokens", "revoke", token_id)
+    assert code == 0, err
