@@ -34,7 +34,7 @@ from toolledger.api.service import Operator, OperatorService, resolvable_after
 from toolledger.events.log import LogError
 from toolledger.events.models import utcnow
 from toolledger.events.records import CallRecord, CallStatus
-from toolledger.settings import ConfigError, Settings, load_settings
+from toolledger.settings import ConfigError, OperatorSettings, load_settings
 from toolledger.stack import LedgerStack
 
 _console = Console()
@@ -78,7 +78,7 @@ def _run(
 ) -> _T:
     """Connect, run `body` on a service, close; turn failures into messages and exit codes."""
 
-    async def main(settings: Settings) -> _T:
+    async def main(settings: OperatorSettings) -> _T:
         registry = load_tools(tools) if tools else {}
         stack = await LedgerStack.connect(settings, create_topics=False)
         try:
@@ -90,7 +90,7 @@ def _run(
             service = OperatorService(
                 stack.store,
                 stack.commands,
-                signing_keys=settings.signing_secrets(),
+                signing_keys=settings.signing_keys,
                 verdict_timeout=settings.verdict_timeout_s,
                 compensator=compensator,
             )
@@ -99,7 +99,7 @@ def _run(
             await close_stack(stack)
 
     try:
-        return asyncio.run(main(load_settings()))
+        return asyncio.run(main(load_settings(OperatorSettings)))
     except (ConfigError, ValueError) as exc:
         click.echo(f"toolledger executions: {exc}", err=True)
         sys.exit(2)

@@ -7,7 +7,10 @@ Either way the survivors take a dead process's partitions within a second (a hun
 within about ten: PostgreSQL ends its idle transaction). A lost database connection is
 survived: positions are re-read when it is back; so is a broker that stops answering (the
 process stands down until it answers again). It exits non-zero with the log-identity error
-when the topic is not the one the ledger was built from.
+when the topic is not the one the ledger was built from. It refuses to start without
+`TOOLLEDGER_VERIFY_KEYS`, or with keys that lack or contradict the ones this ledger's projectors
+registered (docs/security.md); an operator event signed with a key id it does not know halts
+that partition until the key is deployed.
 """
 
 from __future__ import annotations
@@ -21,12 +24,14 @@ import sys
 import click
 
 from toolledger.events.log import LogError, LogIdentityError
-from toolledger.settings import ConfigError, load_settings
+from toolledger.events.signing import KeySetMismatch
+from toolledger.settings import ConfigError, ProjectorSettings, load_settings
 from toolledger.stack import LedgerStack
 
 
 async def _run(status_every: float) -> None:
-    settings = load_settings()
+    settings = load_settings(ProjectorSettings)
+    settings.require_verify_keys()
     stack = await LedgerStack.connect(settings, run_projector=True)
     # Everything imported and connected so far lives as long as the process: keep it out of
     # every later collection (a library cannot decide this for its host; this command can).
@@ -67,7 +72,7 @@ def projector(status_every: float) -> None:
     )
     try:
         asyncio.run(_run(status_every))
-    except ConfigError as exc:
+    except (ConfigError, KeySetMismatch) as exc:
         click.echo(f"toolledger projector: {exc}", err=True)
         sys.exit(2)
     except LogIdentityError as exc:

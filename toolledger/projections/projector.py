@@ -8,9 +8,12 @@ compare-and-set). If the compare-and-set misses, another process owns the partit
 batch rolled back and the projector lets the partition go.
 
 Unreadable records: an unknown schema fingerprint halts the partition (a newer writer is ahead
-of this reader; folding around it would skip an event of some run). Bytes that cannot be decoded
-at all are dead letters: published to the DLQ topic with the reason in the headers, recorded in
-`dead_letters`, and their run is quarantined, all in the same transaction as the offset move.
+of this reader; folding around it would skip an event of some run). So does an operator event
+signed with a key id this projector has no public key for ("deploy keys before signers"):
+rejecting it would make the verdict depend on which keys this process happened to have. Bytes
+that cannot be decoded at all are dead letters: published to the DLQ topic with the reason in
+the headers, recorded in `dead_letters`, and their run is quarantined, all in the same
+transaction as the offset move.
 """
 
 from __future__ import annotations
@@ -33,13 +36,15 @@ from toolledger.events.log import (
     LogRecord,
     TopicMissing,
 )
-from toolledger.events.models import Event
+from toolledger.events.models import Event, OperatorEvent
 from toolledger.events.records import Verdict
+from toolledger.events.signing import UnknownSigningKey, VerifyKeys
 from toolledger.projections.dberrors import DATABASE_ERRORS
 from toolledger.projections.facts import Fact, FactsPublisher, facts_of
 from toolledger.projections.gc_pause import gc_paused
 from toolledger.projections.ownership import PartitionLocks
 from toolledger.projections.store import LedgerStore, OffsetConflict
+from toolledger.settings import ConfigError
 
 log = logging.getLogger("toolledger.projector")
 
@@ -75,18 +80,24 @@ def decode_records(
     partition: int,
     records: Sequence[LogRecord],
     start: int,
+    keys: VerifyKeys,
     decode: Callable[[bytes], Event] = decode,
 ) -> DecodedBatch:
-    """Decode records from offset `start` on; stop before a record of an unknown schema.
+    """Decode records from offset `start` on; stop before a record this process cannot judge:
+    one of an unknown schema, or an operator event signed with a key id not in `keys`.
 
     Shared by the projector and replay so both fold exactly the same items.
     """
     with gc_paused():
-        return _decode_records(partition, records, start, decode)
+        return _decode_records(partition, records, start, keys, decode)
 
 
 def _decode_records(
-    partition: int, records: Sequence[LogRecord], start: int, decode: Callable[[bytes], Event]
+    partition: int,
+    records: Sequence[LogRecord],
+    start: int,
+    keys: VerifyKeys,
+    decode: Callable[[bytes], Event],
 ) -> DecodedBatch:
     batch = DecodedBatch(items=[], dead=[], next_offset=start)
     for record in records:
@@ -113,12 +124,28 @@ def _decode_records(
         except ValueError as err:
             batch.dead.append(_dead(partition, record, str(err)))
         else:
+            unknown = _unknown_signer(event, keys)
+            if unknown is not None:
+                batch.halted = (
+                    f"partition {partition} offset {record.offset}: {unknown}. The partition "
+                    "is halted until then"
+                )
+                break
             batch.items.append(Positioned(partition, record.offset, event))
             batch.next_offset = record.offset + 1
             continue
         batch.items.append(batch.dead[-1])
         batch.next_offset = record.offset + 1
     return batch
+
+
+def _unknown_signer(event: Event, keys: VerifyKeys) -> UnknownSigningKey | None:
+    """Why `event` cannot be judged with `keys` (its signer's key id is unknown), if so."""
+    if not isinstance(event, OperatorEvent) or event.signature is None:
+        return None
+    if keys.knows(event.signature.key_id):
+        return None
+    return UnknownSigningKey(event.key, event.signature.key_id, keys.raw)
 
 
 def _dead(partition: int, record: LogRecord, reason: str) -> DeadLetter:
@@ -193,7 +220,17 @@ class Projector:
         self._stopping.set()
 
     async def run(self) -> None:
-        """Project until `stop()`; raises `LogIdentityError` if the log is not the ledger's."""
+        """Project until `stop()`; raises `LogIdentityError` if the log is not the ledger's.
+
+        Refuses to start (`ConfigError`) without public keys, and (`KeySetMismatch`) with keys
+        that lack or contradict the ones this ledger's projectors registered before.
+        """
+        if not self.store.verify_keys:
+            raise ConfigError(
+                "TOOLLEDGER_VERIFY_KEYS must name at least one public key: a projector "
+                "verifies operator decisions with them and cannot judge one without"
+            )
+        await self.store.register_verify_keys()
         identity = await self._answering_identity(retry_first=False)
         if identity is None:  # stopped before the broker ever answered
             return
@@ -374,7 +411,7 @@ class Projector:
 
     async def _apply_records(self, partition: int, records: list[LogRecord]) -> int:
         start = self._owned[partition]
-        batch = decode_records(partition, records, start, self.decode)
+        batch = decode_records(partition, records, start, self.store.verify_keys, self.decode)
         verdicts: list[Verdict] = []
         if batch.next_offset > start:
             await self._publish_dead(partition, batch.dead)

@@ -49,6 +49,9 @@ async def replay(
     """Fold every partition of `log` from offset 1 up to (excluding) `targets[p]` into `into`.
 
     `into` must be empty; `targets` usually comes from the live ledger's stored offsets.
+    Operator signatures are checked with `into.verify_keys`; an operator event signed with a
+    key id not among them stops the replay (`LogIdentityError` saying so) rather than fold a
+    verdict that would depend on which keys this process has.
     """
     identity = await log.identity()
     states = await into.bind_log(identity)
@@ -75,7 +78,10 @@ async def replay(
                     continue
                 limit = targets[partition]
                 batch = decode_records(
-                    partition, [r for r in records if r.offset < limit], position[partition]
+                    partition,
+                    [r for r in records if r.offset < limit],
+                    position[partition],
+                    into.verify_keys,
                 )
                 if batch.halted is not None:
                     raise LogIdentityError(batch.halted)
