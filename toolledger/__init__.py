@@ -19,6 +19,7 @@ async with await Ledger.memory() as ledger:
 ```
 """
 
+from toolledger.events.signing import SigningKey, VerifyKeys
 from toolledger.runtime.context import ToolContext
 from toolledger.runtime.effects import SideEffect, destructive, external, read, write
 from toolledger.runtime.errors import (
@@ -40,18 +41,27 @@ from toolledger.runtime.errors import (
 from toolledger.runtime.ledger import Ledger
 from toolledger.runtime.outcome import ToolOutcome
 from toolledger.runtime.tools import ReconcileOutcome, Tool, ToolExecutionRecord, Toolset
-from toolledger.settings import ConfigError, Settings, load_settings
+from toolledger.settings import (
+    ConfigError,
+    OperatorSettings,
+    ProjectorSettings,
+    Settings,
+    load_settings,
+)
 
 __all__ = [
     "ConfigError",
     "KeyConflictError",
     "Ledger",
     "LedgerUnavailable",
+    "OperatorSettings",
+    "ProjectorSettings",
     "ReconcileOutcome",
     "RunQuarantined",
     "RunSuperseded",
     "Settings",
     "SideEffect",
+    "SigningKey",
     "TenantMismatchError",
     "Tool",
     "ToolArgumentsError",
@@ -67,6 +77,7 @@ __all__ = [
     "ToolOutcome",
     "ToolResultUnreadable",
     "Toolset",
+    "VerifyKeys",
     "destructive",
     "external",
     "load_settings",
