@@ -168,6 +168,18 @@ class OperatorSettings(Settings):
     def _parse_signing_keys(cls, value: object) -> object:
         return tuple(parse_signing_keys(value)) if isinstance(value, str) else value
 
+    @field_validator("metrics_token", mode="before")
+    @classmethod
+    def _token_or_unset(cls, value: object) -> object:
+        """An empty token is no token (compose passes `""` for an unset variable); a short
+        one is refused rather than guarded by something guessable."""
+        if isinstance(value, str):
+            if not value.strip():
+                return None
+            if len(value.strip()) < 16:
+                raise ValueError("must be at least 16 characters (or empty: /metrics not served)")
+        return value
+
     def require_signing_key(self) -> SigningKey:
         """The key that signs (the first), or a ConfigError naming the setting."""
         if not self.signing_keys:
