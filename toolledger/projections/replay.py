@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from toolledger.events.fold import broken_chains
 from toolledger.events.log import EventLog, LogIdentityError
-from toolledger.projections.projector import decode_records
+from toolledger.projections.decoding import decode_records
 from toolledger.projections.store import LedgerSnapshot, LedgerStore
 
 Progress = Callable[[int, int], None]
