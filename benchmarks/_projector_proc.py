@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from toolledger.projections.facts import FactsPublisher
 from toolledger.projections.ownership import PostgresPartitionLocks
 from toolledger.projections.projector import Projector
-from toolledger.settings import load_settings
+from toolledger.settings import ProjectorSettings, load_settings
 from toolledger.stack import LedgerStack
 
 
@@ -34,7 +34,8 @@ class _OnlyThese(PostgresPartitionLocks):
 
 
 async def _run(allowed: set[int] | None, facts: bool) -> None:
-    settings = load_settings()
+    settings = load_settings(ProjectorSettings)
+    settings.require_verify_keys()
     stack = await LedgerStack.connect(settings)
     database_url, _ = settings.require_services()
     projector = Projector(

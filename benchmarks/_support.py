@@ -25,7 +25,11 @@ import asyncpg
 from aiokafka.admin import AIOKafkaAdminClient
 
 from toolledger.devstack import DevStack, Services
-from toolledger.settings import Settings
+from toolledger.events.signing import SigningKey
+from toolledger.settings import ProjectorSettings
+
+#: The benchmarks' operator key (public half for projectors; nothing here signs by default).
+BENCH_KEY = SigningKey.generate("bench")
 
 
 @dataclass(frozen=True)
@@ -84,15 +88,16 @@ class Scratch:
         """A topic prefix of this run for one benchmark (`<prefix><label>.`): deleted at the end."""
         return f"{self.prefix}{label}."
 
-    def settings(self, schema: str, topics: str, **overrides: object) -> Settings:
+    def settings(self, schema: str, topics: str, **overrides: object) -> ProjectorSettings:
         values: dict[str, object] = {
             "database_url": self.services.database_url,
             "kafka_bootstrap": self.services.kafka_bootstrap,
             "schema_name": schema,
             "topic_prefix": topics,
+            "verify_keys": BENCH_KEY.verify_keys(),
             **overrides,
         }
-        return Settings(**values)  # type: ignore[arg-type]
+        return ProjectorSettings(**values)  # type: ignore[arg-type]
 
     def env(self, schema: str, topics: str, **overrides: object) -> dict[str, str]:
         """The same settings as `TOOLLEDGER_*` variables, for a projector process."""
@@ -101,6 +106,7 @@ class Scratch:
             "TOOLLEDGER_KAFKA_BOOTSTRAP": self.services.kafka_bootstrap,
             "TOOLLEDGER_SCHEMA": schema,
             "TOOLLEDGER_TOPIC_PREFIX": topics,
+            "TOOLLEDGER_VERIFY_KEYS": BENCH_KEY.public_setting(),
         }
         values.update({f"TOOLLEDGER_{k.upper()}": v for k, v in overrides.items()})
         return {k: str(v) for k, v in values.items()}

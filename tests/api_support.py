@@ -28,17 +28,32 @@ from toolledger.events.models import (
     utcnow,
 )
 from toolledger.events.records import CallRecord
-from toolledger.settings import Settings
+from toolledger.events.signing import SigningKey
+from toolledger.settings import OperatorSettings, ProjectorSettings
 from toolledger.stack import LedgerStack
 
 KEY_ID = "api-k1"
-SECRET = "api-operator-signing-secret"
-KEYS = {KEY_ID: SECRET.encode()}
+SIGNING_KEY = SigningKey.from_seed(KEY_ID, b"api-operator-signing-key-32bytes")
+KEYS = SIGNING_KEY.verify_keys()
+METRICS_TOKEN = "scrape-token-for-tests"
+METRICS_AUTH = {"Authorization": f"Bearer {METRICS_TOKEN}"}
 TOOL = "billing.issue_credit"
 
 
-def api_settings(**overrides: Any) -> Settings:
-    return Settings(**{"signing_keys": {KEY_ID: SECRET}, "verdict_timeout_s": 10.0, **overrides})
+class OneProcessSettings(OperatorSettings, ProjectorSettings):
+    """A test process that plays the API and the projector at once: both roles' settings."""
+
+
+def api_settings(**overrides: Any) -> OneProcessSettings:
+    return OneProcessSettings(
+        **{
+            "signing_keys": (SIGNING_KEY,),
+            "verify_keys": KEYS,
+            "metrics_token": METRICS_TOKEN,
+            "verdict_timeout_s": 10.0,
+            **overrides,
+        }
+    )
 
 
 class Calls:

@@ -9,7 +9,6 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Literal, TypedDict
 
-from toolledger.events.lifecycle import sign
 from toolledger.events.models import (
     CallAbandoned,
     CallApproved,
@@ -27,11 +26,13 @@ from toolledger.events.models import (
     args_digest,
     call_key,
 )
+from toolledger.events.signing import SigningKey, sign
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 KEY_ID = "k1"
-SECRET = b"operator-signing-secret"
-KEYS = {KEY_ID: SECRET}
+#: A fixed key, so signed fixtures are reproducible (Ed25519 signatures are deterministic).
+SIGNING_KEY = SigningKey.from_seed(KEY_ID, bytes(range(32)))
+KEYS = SIGNING_KEY.verify_keys()
 PRODUCER = Producer(host="test-host", pid=4242)
 
 
@@ -157,7 +158,7 @@ def resolved(
         expected_version=version,
         outcome=outcome,
     )
-    return sign(e, KEY_ID, SECRET) if signed else e
+    return sign(e, SIGNING_KEY) if signed else e
 
 
 def approved(r: CallReserved, version: int, *, t: float = 5, signed: bool = True) -> CallApproved:
@@ -167,7 +168,7 @@ def approved(r: CallReserved, version: int, *, t: float = 5, signed: bool = True
         reason="looks right",
         expected_version=version,
     )
-    return sign(e, KEY_ID, SECRET) if signed else e
+    return sign(e, SIGNING_KEY) if signed else e
 
 
 def rejected(r: CallReserved, version: int, *, t: float = 5) -> CallRejected:
@@ -177,7 +178,7 @@ def rejected(r: CallReserved, version: int, *, t: float = 5) -> CallRejected:
         reason="too large",
         expected_version=version,
     )
-    return sign(e, KEY_ID, SECRET)
+    return sign(e, SIGNING_KEY)
 
 
 def compensation_requested(
@@ -189,7 +190,7 @@ def compensation_requested(
         reason="customer asked",
         expected_version=version,
     )
-    return sign(e, KEY_ID, SECRET)
+    return sign(e, SIGNING_KEY)
 
 
 def run_started(run_id: str = "r1", *, tenant: str = "acme", t: float = 0) -> RunStarted:

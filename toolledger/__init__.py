@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from toolledger.errors import ToolLedgerError
 from toolledger.events.codec import DecodeError
 from toolledger.events.log import LogError, LogIdentityError, TopicMissing
+from toolledger.events.signing import SigningKey, VerifyKeys
 from toolledger.runtime.agents import (
     AgentConfig,
     AgentConfigError,
@@ -57,7 +58,13 @@ from toolledger.runtime.ledger import Ledger
 from toolledger.runtime.outcome import ToolOutcome
 from toolledger.runtime.runs import AgentRun, FinalAnswer, RunResult, ToolCallRequest
 from toolledger.runtime.tools import ReconcileOutcome, Tool, ToolExecutionRecord, Toolset
-from toolledger.settings import ConfigError, Settings, load_settings
+from toolledger.settings import (
+    ConfigError,
+    OperatorSettings,
+    ProjectorSettings,
+    Settings,
+    load_settings,
+)
 
 if TYPE_CHECKING:
     from toolledger.api.errors import OperatorError
@@ -86,12 +93,15 @@ __all__ = [
     "LogError",
     "LogIdentityError",
     "OperatorError",
+    "OperatorSettings",
+    "ProjectorSettings",
     "ReconcileOutcome",
     "RunQuarantined",
     "RunResult",
     "RunSuperseded",
     "Settings",
     "SideEffect",
+    "SigningKey",
     "TenantMismatchError",
     "Tool",
     "ToolArgumentsError",
@@ -111,6 +121,7 @@ __all__ = [
     "ToolResultUnreadable",
     "Toolset",
     "TopicMissing",
+    "VerifyKeys",
     "destructive",
     "external",
     "load_agents",

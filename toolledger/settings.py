@@ -1,19 +1,32 @@
-"""Configuration from `TOOLLEDGER_*` environment variables (pydantic-settings).
+"""Configuration from `TOOLLEDGER_*` environment variables (pydantic-settings), per role.
 
-A bad value stops startup with an error that names the variable, never a traceback from deep
-inside a client library: `load_settings()` turns pydantic's validation error into
+Each role reads only what it needs (docs/security.md, "Roles"):
+
+- `Settings`, the shared block every process reads: where the ledger lives (database URL,
+  Kafka bootstrap, schema, topic prefix) and tuning. Nothing in it is secret, which is why
+  runtimes and processors, which run user code, read exactly this and no more.
+- `ProjectorSettings` adds the public keys that verify operator signatures
+  (`TOOLLEDGER_VERIFY_KEYS`): projectors and replay.
+- `OperatorSettings` adds the private signing key(s) (`TOOLLEDGER_SIGNING_KEYS`) and the metrics
+  scrape token: the operator API and the CLI acting as an operator.
+
+A class does not read the other roles' variables even when they are in its environment, so a
+runtime started with the API's environment still holds no private key. A bad value stops
+startup with an error that names the variable, never a traceback from deep inside a client
+library: `load_settings()` turns pydantic's validation error into
 `ConfigError("TOOLLEDGER_PARTITIONS: ...")`.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Literal, TypeVar, overload
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from toolledger.errors import ToolLedgerError
+from toolledger.events.signing import SigningKey, VerifyKeys, parse_signing_keys
 
 _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
@@ -25,10 +38,15 @@ class ConfigError(ToolLedgerError):
 
 
 class Settings(BaseSettings):
-    """Every knob toolledger reads. The README's configuration table lists the same names."""
+    """The shared block: where the ledger lives, and tuning. Nothing secret (runtimes and
+    processors read only this). The README's configuration table lists the same names."""
 
     model_config = SettingsConfigDict(
-        env_prefix="TOOLLEDGER_", extra="ignore", frozen=True, populate_by_name=True
+        env_prefix="TOOLLEDGER_",
+        extra="ignore",
+        frozen=True,
+        populate_by_name=True,
+        arbitrary_types_allowed=True,
     )
 
     database_url: str | None = Field(
@@ -49,11 +67,6 @@ class Settings(BaseSettings):
         le=10_000,
         description="Partitions of the events topic when toolledger creates it. Never change "
         "it for an existing topic: migrate to a new topic instead.",
-    )
-    signing_keys: Annotated[dict[str, str], NoDecode] = Field(
-        default_factory=dict,
-        description="Operator-event HMAC keys as `key_id:secret,key_id2:secret2`; the first "
-        "signs, all verify (rotation).",
     )
     fetch_wait_ms: int = Field(
         default=5, ge=0, le=10_000, description="How long a projector fetch waits for data."
@@ -82,19 +95,6 @@ class Settings(BaseSettings):
             raise ValueError("must be a lowercase SQL identifier (letters, digits, _)")
         return value
 
-    @field_validator("signing_keys", mode="before")
-    @classmethod
-    def _parse_keys(cls, value: object) -> object:
-        if not isinstance(value, str):
-            return value
-        keys: dict[str, str] = {}
-        for part in filter(None, (p.strip() for p in value.split(","))):
-            key_id, sep, secret = part.partition(":")
-            if not sep or not key_id or len(secret) < 16:
-                raise ValueError("each entry must be key_id:secret with a secret of 16+ characters")
-            keys[key_id] = secret
-        return keys
-
     @property
     def events_topic(self) -> str:
         return f"{self.topic_prefix}toolledger.events"
@@ -106,9 +106,6 @@ class Settings(BaseSettings):
     @property
     def dlq_topic(self) -> str:
         return f"{self.topic_prefix}toolledger.events.dlq"
-
-    def signing_secrets(self) -> dict[str, bytes]:
-        return {k: v.encode() for k, v in self.signing_keys.items()}
 
     def require_services(self) -> tuple[str, str]:
         """The database URL and Kafka bootstrap, or a ConfigError naming what is missing."""
@@ -129,10 +126,86 @@ class Settings(BaseSettings):
         return self.database_url, self.kafka_bootstrap
 
 
-def load_settings(**overrides: object) -> Settings:
-    """Settings from the environment (overrides win); a bad value raises `ConfigError`."""
+class ProjectorSettings(Settings):
+    """A projector's (and replay's) settings: the shared block plus the public keys."""
+
+    verify_keys: Annotated[VerifyKeys, NoDecode] = Field(
+        default_factory=VerifyKeys,
+        description="Public keys that verify operator signatures, `key_id:<base64url>,...`. "
+        "Every key id ever used for signing, old ones forever. Required by projectors.",
+    )
+
+    @field_validator("verify_keys", mode="before")
+    @classmethod
+    def _parse_verify_keys(cls, value: object) -> object:
+        return VerifyKeys.parse(value) if isinstance(value, str) else value
+
+    def require_verify_keys(self) -> VerifyKeys:
+        """The public keys, or a ConfigError naming the setting (a projector needs them)."""
+        if not self.verify_keys:
+            raise ConfigError(
+                "TOOLLEDGER_VERIFY_KEYS must name at least one public key (key_id:base64url): "
+                "a projector verifies operator decisions with them and cannot judge one "
+                "without. `toolledger dev up` prints a development key set; "
+                "`toolledger keys new` makes a production pair"
+            )
+        return self.verify_keys
+
+
+class OperatorSettings(Settings):
+    """The operator API's and operator CLI's settings: the shared block plus the private key."""
+
+    signing_keys: Annotated[tuple[SigningKey, ...], NoDecode] = Field(
+        default=(),
+        description="Private Ed25519 keys that sign operator decisions, `key_id:<base64url>`; "
+        "the first signs. Only the API and the operator CLI hold it.",
+    )
+    metrics_token: SecretStr | None = Field(
+        default=None,
+        description="Bearer token Prometheus sends to scrape the API's `/metrics`; unset: "
+        "`/metrics` is not served.",
+    )
+
+    @field_validator("signing_keys", mode="before")
+    @classmethod
+    def _parse_signing_keys(cls, value: object) -> object:
+        return tuple(parse_signing_keys(value)) if isinstance(value, str) else value
+
+    @field_validator("metrics_token", mode="before")
+    @classmethod
+    def _token_or_unset(cls, value: object) -> object:
+        """An empty token is no token (compose passes `""` for an unset variable); a short
+        one is refused rather than guarded by something guessable."""
+        if isinstance(value, str):
+            if not value.strip():
+                return None
+            if len(value.strip()) < 16:
+                raise ValueError("must be at least 16 characters (or empty: /metrics not served)")
+        return value
+
+    def require_signing_key(self) -> SigningKey:
+        """The key that signs (the first), or a ConfigError naming the setting."""
+        if not self.signing_keys:
+            raise ConfigError(
+                "TOOLLEDGER_SIGNING_KEYS must name a private key (key_id:base64url): operator "
+                "decisions are signed with the first, and projectors reject unsigned ones. "
+                "`toolledger dev up` prints a development key; `toolledger keys new` makes one"
+            )
+        return self.signing_keys[0]
+
+
+_S = TypeVar("_S", bound=Settings)
+
+
+@overload
+def load_settings(role: None = None, **overrides: object) -> Settings: ...
+@overload
+def load_settings(role: type[_S], **overrides: object) -> _S: ...
+def load_settings(role: type[Settings] | None = None, **overrides: object) -> Settings:
+    """`role`'s settings from the environment (overrides win); a bad value raises
+    `ConfigError` naming the variable."""
     try:
-        return Settings(**overrides)  # type: ignore[arg-type]
+        return (role or Settings)(**overrides)  # type: ignore[arg-type]
     except ValidationError as exc:
         problems = []
         for err in exc.errors():

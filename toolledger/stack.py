@@ -3,7 +3,9 @@
 `LedgerStack.memory()` is the embedded default: a memory log, a memory ledger and an in-process
 projector, for the demo and for users' unit tests. `LedgerStack.connect(settings)` talks to Kafka
 and PostgreSQL; it runs a projector only when asked (`toolledger projector` does), because in
-production projectors are their own processes. Its runtime-side reads (a call's record, a
+production projectors are their own processes; a stack that runs one needs the public keys
+(`ProjectorSettings.verify_keys`, read from the environment when `settings` is the shared
+block) and refuses to start without them. Its runtime-side reads (a call's record, a
 verdict) share one PostgreSQL connection of their own, opened on first use
 (`toolledger.projections.postgres_reads` says why).
 """
@@ -19,6 +21,7 @@ from toolledger.events.kafka import KafkaLog
 from toolledger.events.log import EventLog
 from toolledger.events.memory import MemoryBroker
 from toolledger.events.records import Verdict
+from toolledger.events.signing import SigningKey, VerifyKeys
 from toolledger.projections.commands import LedgerCommands
 from toolledger.projections.facts import FactsPublisher
 from toolledger.projections.memory import MemoryLedger
@@ -29,7 +32,7 @@ from toolledger.projections.projector import Projector, VerdictSink
 from toolledger.projections.reads import CallReads, PointReads, StoreReads
 from toolledger.projections.store import LedgerStore
 from toolledger.projections.verdicts import PostgresNotifications, VerdictWaiter
-from toolledger.settings import Settings
+from toolledger.settings import ProjectorSettings, Settings, load_settings
 
 log = logging.getLogger("toolledger.stack")
 
@@ -62,9 +65,13 @@ class LedgerStack:
         cls,
         *,
         partitions: int = 4,
-        signing_keys: dict[str, bytes] | None = None,
+        verify_keys: VerifyKeys | None = None,
         broker: MemoryBroker | None = None,
     ) -> LedgerStack:
+        """An embedded stack. Its projector verifies operator signatures with `verify_keys`;
+        without them, with the public half of a key nobody holds, so no decision is accepted."""
+        if verify_keys is None:
+            verify_keys = SigningKey.generate("nobody").verify_keys()
         broker = broker or MemoryBroker()
         events = broker.log("toolledger.events")
         await events.ensure_topic(partitions)
@@ -72,8 +79,9 @@ class LedgerStack:
         dlq = broker.log("toolledger.events.dlq")
         for topic in (facts, dlq):
             await topic.create_topic(partitions)
-        store = MemoryLedger(signing_keys=signing_keys)
+        store = MemoryLedger(verify_keys=verify_keys)
         await store.start()
+        await store.register_verify_keys()
         waiter = VerdictWaiter(StoreReads(store))
         projector = Projector(
             events,
@@ -96,6 +104,11 @@ class LedgerStack:
         cls, settings: Settings, *, run_projector: bool = False, create_topics: bool = True
     ) -> LedgerStack:
         database_url, bootstrap = settings.require_services()
+        if run_projector and not isinstance(settings, ProjectorSettings):
+            settings = load_settings(ProjectorSettings, **settings.model_dump())
+        verify_keys = VerifyKeys()
+        if isinstance(settings, ProjectorSettings):
+            verify_keys = settings.require_verify_keys() if run_projector else settings.verify_keys
         events = KafkaLog(bootstrap, settings.events_topic)
         facts = KafkaLog(bootstrap, settings.facts_topic, max_batch_size=FACTS_BATCH_BYTES)
         dlq = KafkaLog(bootstrap, settings.dlq_topic)
@@ -106,10 +119,10 @@ class LedgerStack:
             await events.ensure_exists(settings.partitions)
             await facts.create_topic(settings.partitions)
             await dlq.create_topic(1)
-        store = PostgresLedger(
-            database_url, settings.schema_name, signing_keys=settings.signing_secrets()
-        )
+        store = PostgresLedger(database_url, settings.schema_name, verify_keys=verify_keys)
         await store.start()
+        if run_projector:
+            await store.register_verify_keys()
         reads = PostgresReads(database_url, settings.schema_name)
         call_reads = CallReads(reads)
         waiter = VerdictWaiter(reads)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import secrets
 import socket
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -30,7 +29,7 @@ from rich.table import Table
 
 from examples.billing_reconciliation.billing import system
 from examples.billing_reconciliation.tools import billing, issue_credit
-from toolledger import Ledger, Settings, ToolCallIndeterminate
+from toolledger import Ledger, OperatorSettings, SigningKey, ToolCallIndeterminate
 from toolledger.api.app import create_app
 from toolledger.api.tokens import MemoryTokens
 from toolledger.events.records import CallRecord
@@ -46,7 +45,9 @@ def _free_port() -> int:
 
 
 @contextlib.asynccontextmanager
-async def operator_api(ledger: Ledger, settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
+async def operator_api(
+    ledger: Ledger, settings: OperatorSettings
+) -> AsyncIterator[httpx.AsyncClient]:
     """The operator API on a free loopback port, and an HTTP client holding an operator token."""
     tokens = MemoryTokens()
     await tokens.start()
@@ -115,7 +116,9 @@ async def _show(console: Console, ledger: Ledger, key: str) -> str:
     return outcome
 
 
-async def run_scenarios(ledger: Ledger, settings: Settings, console: Console) -> dict[str, str]:
+async def run_scenarios(
+    ledger: Ledger, settings: OperatorSettings, console: Console
+) -> dict[str, str]:
     """The four scenarios; returns each key's outcome (`outcome_of`)."""
     outcomes: dict[str, str] = {}
     async with operator_api(ledger, settings) as api:
@@ -178,7 +181,7 @@ async def run_scenarios(ledger: Ledger, settings: Settings, console: Console) ->
 async def main(console: Console | None = None) -> dict[str, str]:
     """The demo on the embedded ledger: nothing to install or start."""
     console = console or Console()
-    key_id, secret = "demo", secrets.token_hex(16)
-    settings = Settings(signing_keys={key_id: secret})
-    async with await Ledger.memory({key_id: secret.encode()}) as ledger:
+    key = SigningKey.generate("demo")
+    settings = OperatorSettings(signing_keys=(key,))
+    async with await Ledger.memory(key) as ledger:
         return await run_scenarios(ledger, settings, console)

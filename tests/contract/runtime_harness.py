@@ -35,15 +35,15 @@ from toolledger import (
     read,
     write,
 )
-from toolledger.events.lifecycle import sign
 from toolledger.events.log import Position
 from toolledger.events.models import Event, utcnow
 from toolledger.events.records import CallRecord, Verdict
+from toolledger.events.signing import SigningKey, sign
 from toolledger.projections.commands import LedgerCommands
 from toolledger.stack import LedgerStack
 
 KEY_ID = "ops-1"
-SECRET = "operator-signing-secret-for-tests"
+SIGNING_KEY = SigningKey.from_seed(KEY_ID, b"runtime-harness-operator-key-32b")
 ROOT = Path(__file__).resolve().parents[2]
 ARGS = {"account_id": "acct-1", "amount_cents": 2500}
 
@@ -165,9 +165,7 @@ class Harness:
 
     def new_ledger(self) -> Ledger:
         """Another runtime on the same ledger, remembering nothing (a fresh process)."""
-        return Ledger.from_stack(
-            self.stack, verdict_timeout=5, signing_keys=self.ledger.signing_keys, clock=self.clock
-        )
+        return Ledger.from_stack(self.stack, verdict_timeout=5, clock=self.clock)
 
     async def call(self, tool: Tool[Any, Any], call_id: str = "c1", **kw: Any) -> ToolOutcome[Any]:
         kw.setdefault("arguments", ARGS)
@@ -200,7 +198,7 @@ class Harness:
             expected_version=record.version,
             **fields,
         )
-        return await self.append(sign(event, KEY_ID, SECRET.encode()))
+        return await self.append(sign(event, SIGNING_KEY))
 
 
 def reset() -> None:

@@ -21,7 +21,6 @@ from asyncpg.pool import PoolConnectionProxy
 
 from tests import builders as b
 from toolledger.events.fold import DeadLetter, HistoryEntry, LedgerFold, Positioned
-from toolledger.events.lifecycle import sign
 from toolledger.events.log import LogIdentity, LogIdentityError
 from toolledger.events.models import (
     CallAbandoned,
@@ -49,6 +48,7 @@ from toolledger.events.models import (
     canonical_json,
 )
 from toolledger.events.records import Verdict
+from toolledger.events.signing import SigningKey, sign
 from toolledger.projections.facts import Fact
 from toolledger.projections.memory import MemoryLedger
 from toolledger.projections.migrations import load_migrations, migrate
@@ -64,7 +64,10 @@ T0 = datetime(2025, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
 A = Producer(host="runtime-a", pid=11)
 B = Producer(host="runtime-b", pid=22)
 KEY_ID = "api-1"
-KEYS = {KEY_ID: b"operator-signing-secret"}
+SIGNING_KEY = SigningKey.from_seed(KEY_ID, b"contract-operator-signing-key-32")
+KEYS = SIGNING_KEY.verify_keys()
+#: Another private key under the API's key id: what a forger without the key can do at best.
+FORGER = SigningKey.from_seed(KEY_ID, b"\x07" * 32)
 IDENTITY = LogIdentity("toolledger.events", uuid.UUID("5b0d6c1e-8a43-4c39-9a43-0c7a8e1f2d11"), 2)
 ARGS = {"customer": "c-42", "amount_cents": 500}
 
@@ -138,9 +141,8 @@ def completed(r: CallReserved, when: datetime) -> CallCompleted:
 
 
 def signed(e: Op, *, valid: bool = True) -> Op:
-    """`e` signed by the operator API's key (or by a key the ledger does not know)."""
-    key_id, secret = (KEY_ID, KEYS[KEY_ID]) if valid else ("forged", b"guess")
-    return sign(e, key_id, secret)
+    """`e` signed by the operator API's key (or by a forger's key under the same key id)."""
+    return sign(e, SIGNING_KEY if valid else FORGER)
 
 
 @dataclass(frozen=True)
@@ -766,7 +768,7 @@ def _decided_once(batches: Iterable[Sequence[Positioned | DeadLetter]]) -> list[
 class TestMemoryLedger(TestLedgerStoreContract):
     @pytest.fixture
     async def store(self) -> MemoryLedger:
-        ledger = MemoryLedger(signing_keys=KEYS)
+        ledger = MemoryLedger(verify_keys=KEYS)
         await ledger.start()
         return ledger
 
@@ -788,7 +790,7 @@ class TestMemoryLedger(TestLedgerStoreContract):
 class TestPostgresLedger(TestLedgerStoreContract):
     @pytest.fixture
     async def store(self, pg_dsn: str, pg_schema: str) -> AsyncIterator[PostgresLedger]:
-        ledger = PostgresLedger(pg_dsn, pg_schema, signing_keys=KEYS)
+        ledger = PostgresLedger(pg_dsn, pg_schema, verify_keys=KEYS)
         await ledger.start()
         try:
             yield ledger
@@ -833,7 +835,8 @@ class TestPostgresLedger(TestLedgerStoreContract):
                 records=[tuple(getattr(h, c) for c in columns) for h in fold.history],
                 columns=columns,
             )
-            assert await migrate(conn, pg_schema) == [4]
+            through_4 = [m for m in load_migrations() if m.version <= 4]
+            assert await migrate(conn, pg_schema, through_4) == [4]
             rows = await conn.fetch(
                 'SELECT chain_hash FROM tool_execution_history ORDER BY partition, "offset"'
             )

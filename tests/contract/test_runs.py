@@ -17,15 +17,15 @@ import pytest
 from tests import run_tools
 from tests.fake_billing import FakeBilling, use_service
 from tests.run_tools import ARGS, ScriptedModel, charge_once, runs_billing
-from toolledger import Ledger, RunSuperseded, Settings
-from toolledger.events.lifecycle import sign
+from toolledger import Ledger, ProjectorSettings, RunSuperseded
 from toolledger.events.models import CallApproved, CallCompleted, CallRejected, CallResolved
+from toolledger.events.signing import SigningKey, sign
 from toolledger.runtime.agents import AgentConfig, ToolPolicy
 from toolledger.runtime.runs import AgentRun, FinalAnswer, ToolCallRequest
 from toolledger.stack import LedgerStack
 
 KEY_ID = "ops-1"
-SECRET = "operator-signing-secret-for-run-tests"
+SIGNING_KEY = SigningKey.from_seed(KEY_ID, b"run-tests-operator-signing-key32")
 
 
 @dataclass
@@ -60,9 +60,7 @@ class H:
             outcome=outcome,
             value_json=None if value is None else json.dumps(value),
         )
-        verdict = await self.ledger.stack.commands.append_and_await(
-            sign(event, KEY_ID, SECRET.encode()), 10
-        )
+        verdict = await self.ledger.stack.commands.append_and_await(sign(event, SIGNING_KEY), 10)
         assert verdict.accepted, verdict.detail
 
     async def reconciler_finds(self, key: str) -> None:
@@ -100,9 +98,7 @@ class H:
             reason="looks right" if approve else "not this one",
             expected_version=record.version,
         )
-        verdict = await self.ledger.stack.commands.append_and_await(
-            sign(event, KEY_ID, SECRET.encode()), 10
-        )
+        verdict = await self.ledger.stack.commands.append_and_await(sign(event, SIGNING_KEY), 10)
         assert verdict.accepted, verdict.detail
 
     async def resumable(self) -> list[str]:
@@ -317,7 +313,7 @@ class TestMemoryRuns(RunScenarios):
     @pytest.fixture
     async def h(self, tmp_path: Path) -> AsyncIterator[H]:
         billing = use_service(FakeBilling(tmp_path / "billing.db"))
-        ledger = await Ledger.memory({KEY_ID: SECRET.encode()}, verdict_timeout=5)
+        ledger = await Ledger.memory(SIGNING_KEY, verdict_timeout=5)
         yield H(ledger, billing)
         await ledger.close()
 
@@ -328,18 +324,16 @@ class TestKafkaPostgresRuns(RunScenarios):
         self, tmp_path: Path, pg_dsn: str, pg_schema: str, kafka_bootstrap: str, topic_prefix: str
     ) -> AsyncIterator[H]:
         billing = use_service(FakeBilling(tmp_path / "billing.db"))
-        settings = Settings(
+        settings = ProjectorSettings(
             database_url=pg_dsn,
             kafka_bootstrap=kafka_bootstrap,
             schema_name=pg_schema,
             topic_prefix=topic_prefix + ".",
             partitions=2,
-            signing_keys={KEY_ID: SECRET},
+            verify_keys=SIGNING_KEY.verify_keys(),
         )
         stack = await LedgerStack.connect(settings, run_projector=True)
-        ledger = Ledger.from_stack(
-            stack, verdict_timeout=5, signing_keys=settings.signing_secrets()
-        )
+        ledger = Ledger.from_stack(stack, verdict_timeout=5)
         yield H(ledger, billing)
         await ledger.close()
         await stack.close()

@@ -28,8 +28,7 @@ import pytest
 
 from tests.contract.runtime_harness import (
     ARGS,
-    KEY_ID,
-    SECRET,
+    SIGNING_KEY,
     Clock,
     FrozenCommands,
     Harness,
@@ -59,8 +58,8 @@ from tests.fake_billing import (
 from toolledger import (
     KeyConflictError,
     Ledger,
+    ProjectorSettings,
     RunSuperseded,
-    Settings,
     TenantMismatchError,
     Tool,
     ToolCallAwaitingApproval,
@@ -304,8 +303,7 @@ class TestMemoryRuntime(RuntimeScenarios):
     async def h(self, tmp_path: Path) -> AsyncIterator[Harness]:
         clock = Clock()
         service = use_service(FakeBilling(tmp_path / "billing.db"))
-        keys = {KEY_ID: SECRET.encode()}
-        ledger = await Ledger.memory(keys, verdict_timeout=5, clock=clock)
+        ledger = await Ledger.memory(SIGNING_KEY, verdict_timeout=5, clock=clock)
         yield Harness(ledger, ledger.stack, service, clock, tmp_path)
         await ledger.close()
 
@@ -341,19 +339,17 @@ class TestKafkaPostgresRuntime(RuntimeScenarios):
     ) -> AsyncIterator[Harness]:
         clock = Clock()
         service = use_service(FakeBilling(tmp_path / "billing.db"))
-        settings = Settings(
+        settings = ProjectorSettings(
             database_url=pg_dsn,
             kafka_bootstrap=kafka_bootstrap,
             schema_name=pg_schema,
             topic_prefix=topic_prefix + ".",
             partitions=2,
-            signing_keys={KEY_ID: SECRET},
+            verify_keys=SIGNING_KEY.verify_keys(),
             verdict_timeout_s=5,
         )
         stack = await LedgerStack.connect(settings, run_projector=True)
-        ledger = Ledger.from_stack(
-            stack, verdict_timeout=5, signing_keys=settings.signing_secrets(), clock=clock
-        )
+        ledger = Ledger.from_stack(stack, verdict_timeout=5, clock=clock)
         yield Harness(ledger, stack, service, clock, tmp_path, settings)
         await ledger.close()
         await stack.close()

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, TypeVar, overload
 
+from tests import builders as b
+
 T = TypeVar("T")
 
 #: The repository root: children run from here so `python -m tests.integration...` resolves.
@@ -262,4 +264,6 @@ def toolledger_env(
         "TOOLLEDGER_SCHEMA": schema,
         "TOOLLEDGER_TOPIC_PREFIX": topic_prefix,
         "TOOLLEDGER_PARTITIONS": str(partitions),
+        # Public: what a projector child verifies operator signatures with.
+        "TOOLLEDGER_VERIFY_KEYS": b.SIGNING_KEY.public_setting(),
     }

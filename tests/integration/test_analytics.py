@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests import builders as b
 from toolledger.processors.analytics import WINDOW_S
-from toolledger.settings import Settings
+from toolledger.settings import ProjectorSettings as Settings
 from toolledger.stack import LedgerStack
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,6 +50,7 @@ async def test_calls_by_status_and_the_per_minute_unknown_rate_are_exported(
         schema_name=pg_schema,
         topic_prefix=topic_prefix + ".",
         partitions=2,
+        verify_keys=b.KEYS,
     )
     stack = await LedgerStack.connect(settings, run_projector=True)
     port = _free_port()

@@ -30,10 +30,10 @@ from toolledger.api import create_app
 from toolledger.api.app import close_stack
 from toolledger.api.tokens import PostgresTokens
 from toolledger.events.codec import encode
-from toolledger.events.lifecycle import sign
 from toolledger.events.models import CallResolved, utcnow
+from toolledger.events.signing import SigningKey, sign
 from toolledger.projections.store import CallQuery, count_calls, count_statuses, select_calls
-from toolledger.settings import Settings
+from toolledger.settings import OperatorSettings as Settings
 from toolledger.stack import LedgerStack
 
 
@@ -262,13 +262,10 @@ async def test_an_operator_event_appended_to_kafka_without_a_valid_signature_is_
             outcome="completed",
         )
 
-    tampered = sign(resolution(), s.KEY_ID, s.SECRET.encode()).model_copy(
-        update={"operator": "alice"}
-    )
+    tampered = sign(resolution(), s.SIGNING_KEY).model_copy(update={"operator": "alice"})
     for event, reason in [
         (resolution(), "unsigned"),
-        (sign(resolution(), "forged-key", b"a guess"), "bad_signature"),
-        (sign(resolution(), s.KEY_ID, b"the wrong secret"), "bad_signature"),
+        (sign(resolution(), SigningKey.generate(s.KEY_ID)), "bad_signature"),
         (tampered, "bad_signature"),
     ]:
         await stack.events.append(event.run_id, encode(event))
@@ -345,7 +342,7 @@ async def test_readiness_and_metrics_read_the_real_ledger(
     await calls.indeterminate("ready")
     ready = await api.get("/readyz")
     assert ready.status_code == 200, ready.text
-    text = (await api.get("/metrics")).text
+    text = (await api.get("/metrics", headers=s.METRICS_AUTH)).text
     assert 'toolledger_ledger_calls{status="indeterminate"} 1.0' in text
 
 
@@ -356,7 +353,9 @@ def _env(settings: Settings) -> dict[str, str]:
         "TOOLLEDGER_KAFKA_BOOTSTRAP": str(settings.kafka_bootstrap),
         "TOOLLEDGER_SCHEMA": settings.schema_name,
         "TOOLLEDGER_TOPIC_PREFIX": settings.topic_prefix,
-        "TOOLLEDGER_SIGNING_KEYS": f"{s.KEY_ID}:{s.SECRET}",
+        "TOOLLEDGER_SIGNING_KEYS": s.SIGNING_KEY.setting(),
+        "TOOLLEDGER_VERIFY_KEYS": s.SIGNING_KEY.public_setting(),
+        "TOOLLEDGER_METRICS_TOKEN": s.METRICS_TOKEN,
         "TOOLLEDGER_OPERATOR": "carol",
         "COLUMNS": "250",
     }
@@ -453,7 +452,10 @@ async def test_toolledger_api_serves_the_app_and_shuts_down_cleanly(
             )
             assert got.status_code == 200, got.text
             assert got.json()["record"]["status"] == "compensated"
-            assert "toolledger_api_verdict_seconds_bucket" in (await web.get("/metrics")).text
+            assert (
+                "toolledger_api_verdict_seconds_bucket"
+                in (await web.get("/metrics", headers=s.METRICS_AUTH)).text
+            )
     finally:
         if process.returncode is None:
             process.send_signal(signal.SIGTERM)

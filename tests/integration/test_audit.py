@@ -13,10 +13,10 @@ import pytest
 
 from tests import builders as b
 from toolledger.audit import story
-from toolledger.events.lifecycle import sign
 from toolledger.events.models import CallResolved, Event
+from toolledger.events.signing import sign
 from toolledger.projections.facts import Fact
-from toolledger.settings import Settings
+from toolledger.settings import ProjectorSettings as Settings
 from toolledger.stack import LedgerStack
 from toolledger.subscribe import subscribe, subscribe_group
 
@@ -28,7 +28,7 @@ def _settings(pg_dsn: str, bootstrap: str, schema: str, prefix: str) -> Settings
         schema_name=schema,
         topic_prefix=f"{prefix}.",
         partitions=2,
-        signing_keys={b.KEY_ID: b.SECRET.decode()},
+        verify_keys=b.KEYS,
     )
 
 
@@ -119,7 +119,7 @@ def _cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
         "TOOLLEDGER_KAFKA_BOOTSTRAP": str(settings.kafka_bootstrap),
         "TOOLLEDGER_SCHEMA": settings.schema_name,
         "TOOLLEDGER_TOPIC_PREFIX": settings.topic_prefix,
-        "TOOLLEDGER_SIGNING_KEYS": f"{b.KEY_ID}:{b.SECRET.decode()}",
+        "TOOLLEDGER_VERIFY_KEYS": b.SIGNING_KEY.public_setting(),
         "COLUMNS": "250",
     }
     return subprocess.run(
@@ -153,8 +153,7 @@ async def test_audit_as_of_gives_the_state_before_an_operators_resolution(
             expected_version=2,
             outcome="failed",
         ),
-        b.KEY_ID,
-        b.SECRET,
+        b.SIGNING_KEY,
     )
     verdict = await stack.commands.append_and_await(resolution, timeout=10)
     assert verdict.accepted, verdict.detail

@@ -45,7 +45,7 @@ async def _cli(settings: Settings, *args: str) -> tuple[int, str, str]:
         "TOOLLEDGER_KAFKA_BOOTSTRAP": str(settings.kafka_bootstrap),
         "TOOLLEDGER_SCHEMA": settings.schema_name,
         "TOOLLEDGER_TOPIC_PREFIX": settings.topic_prefix,
-        "TOOLLEDGER_SIGNING_KEYS": f"{s.KEY_ID}:{s.SECRET}",
+        "TOOLLEDGER_SIGNING_KEYS": s.SIGNING_KEY.setting(),
         "TOOLLEDGER_OPERATOR": "carol",
     }
     process = await asyncio.create_subprocess_exec(

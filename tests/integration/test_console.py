@@ -30,7 +30,7 @@ from toolledger.api.app import close_stack
 from toolledger.api.console.web import dom_id
 from toolledger.api.tokens import PostgresTokens, Role
 from toolledger.events.models import RunCheckpointed, RunPaused, RunStarted
-from toolledger.settings import Settings
+from toolledger.settings import OperatorSettings
 from toolledger.stack import LedgerStack
 
 # The browser install (first test only) is not part of a test's time; the test body is.
@@ -61,7 +61,7 @@ async def stack(
         await close_stack(stack)
 
 
-def _settings(pg_dsn: str, bootstrap: str, schema: str, prefix: str) -> Settings:
+def _settings(pg_dsn: str, bootstrap: str, schema: str, prefix: str) -> OperatorSettings:
     return s.api_settings(
         database_url=pg_dsn,
         kafka_bootstrap=bootstrap,
@@ -186,7 +186,7 @@ async def test_an_operator_resolves_a_real_unknown_call_and_a_stale_second_opera
     run = {"key": "run-7", "run_id": "run-7", "tenant_id": "acme"}
     await calls.apply(RunStarted(**run, agent="payout-bot"))
     await calls.apply(RunCheckpointed(**run, expected_version=0, tool_call_ids=("toolu/01",)))
-    ledger = Ledger.from_stack(stack, signing_keys=s.KEYS)
+    ledger = Ledger.from_stack(stack)
     with pytest.raises(ToolCallIndeterminate):
         await ledger.call(
             send_payout,

@@ -11,6 +11,7 @@ import asyncio
 import importlib.util
 import json
 import os
+import stat
 import subprocess
 import sys
 import time
@@ -27,6 +28,7 @@ from toolledger.devstack import (
     DevStack,
     resolve_services,
 )
+from toolledger.events.signing import parse_signing_keys
 
 _seen_schemas: set[str] = set()
 
@@ -192,3 +194,38 @@ async def _current_database(url: str) -> object:
         return await conn.fetchval("SELECT current_database()")
     finally:
         await conn.close()
+
+
+def test_dev_up_makes_a_key_pair_once_and_prints_what_each_role_needs(
+    tmp_path: Path, pg_dsn: str
+) -> None:
+    """`dev up` used to print only the two service variables, so a projector started from them
+    had no keys. It must print the public key for projectors and point the API at a private
+    key file only it reads (mode 0600), never print the private key, and keep the same pair."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLLEDGER_")}
+    env[DATABASE_URL_ENV] = pg_dsn
+    cli = [sys.executable, "-c", "from toolledger.cli import main; main()", "dev"]
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*cli, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+        )
+
+    up = run("up")
+    try:
+        assert up.returncode == 0, up.stderr
+        key_file = tmp_path / ".toolledger" / "dev-signing.key"
+        assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+        [key] = parse_signing_keys(key_file.read_text().strip())
+        lines = up.stdout.splitlines()
+        verify = next(line for line in lines if "TOOLLEDGER_VERIFY_KEYS=" in line)
+        assert verify.endswith(key.public_setting())
+        signing = next(line for line in lines if "TOOLLEDGER_SIGNING_KEYS=" in line)
+        assert str(key_file) in signing
+        assert key.setting().split(":", 1)[1] not in up.stdout
+        again = run("status")
+        assert key.public_setting() in again.stdout, "a second look must show the same pair"
+    finally:
+        down = run("down")
+    assert down.returncode == 0, down.stderr
+    assert key_file.exists(), "`down` must keep the key pair the ledger verifies with"

@@ -25,7 +25,7 @@ from toolledger.projections.postgres import PostgresLedger
 from toolledger.projections.projector import Projector
 from toolledger.projections.verdicts import LedgerUnavailable
 from toolledger.schemas import SchemaRegistry
-from toolledger.settings import Settings
+from toolledger.settings import ProjectorSettings as Settings
 from toolledger.stack import LedgerStack
 
 FIXTURE_SCHEMAS = Path(__file__).resolve().parent.parent / "unit" / "schemas_fixture"
@@ -38,7 +38,7 @@ def _settings(pg_dsn: str, bootstrap: str, schema: str, prefix: str, **extra: ob
         schema_name=schema,
         topic_prefix=f"{prefix}.",
         partitions=2,
-        signing_keys={b.KEY_ID: b.SECRET.decode()},
+        verify_keys=b.KEYS,
         **extra,  # type: ignore[arg-type]
     )
 
@@ -219,7 +219,7 @@ def _cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
         "TOOLLEDGER_KAFKA_BOOTSTRAP": str(settings.kafka_bootstrap),
         "TOOLLEDGER_SCHEMA": settings.schema_name,
         "TOOLLEDGER_TOPIC_PREFIX": settings.topic_prefix,
-        "TOOLLEDGER_SIGNING_KEYS": f"{b.KEY_ID}:{b.SECRET.decode()}",
+        "TOOLLEDGER_VERIFY_KEYS": b.SIGNING_KEY.public_setting(),
         "COLUMNS": "200",
     }
     return subprocess.run(

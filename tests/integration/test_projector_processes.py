@@ -39,7 +39,7 @@ from toolledger.projections.postgres import SMALL_BATCH, PostgresLedger
 from toolledger.projections.replay import compare, replay
 from toolledger.projections.store import LedgerStore
 from toolledger.projections.verdicts import PostgresNotifications, VerdictSource, VerdictWaiter
-from toolledger.settings import Settings
+from toolledger.settings import ProjectorSettings as Settings
 from toolledger.stack import LedgerStack
 
 PARTITIONS = 4
@@ -151,7 +151,7 @@ class Scene:
         targets = await self.offsets()
         assert self.settings.database_url is not None
         fresh = PostgresLedger(
-            self.settings.database_url, f"{self.schema}_refold", signing_keys=b.KEYS
+            self.settings.database_url, f"{self.schema}_refold", verify_keys=b.KEYS
         )
         await fresh.start()
         try:
@@ -176,10 +176,9 @@ async def scene(
         schema_name=pg_schema,
         topic_prefix=f"{topic_prefix}.",
         partitions=PARTITIONS,
-        signing_keys={b.KEY_ID: b.SECRET.decode()},
+        verify_keys=b.KEYS,
     )
     env = toolledger_env(pg_dsn, kafka_bootstrap, pg_schema, f"{topic_prefix}.", PARTITIONS)
-    env["TOOLLEDGER_SIGNING_KEYS"] = f"{b.KEY_ID}:{b.SECRET.decode()}"
     procs = Procs(tmp_path)
     client = await LedgerStack.connect(settings, run_projector=False)
     db = await asyncpg.connect(pg_dsn, server_settings={"search_path": f'"{pg_schema}"'})

@@ -34,7 +34,6 @@ from tests.integration.reconcile_tools import (
 )
 from toolledger import Ledger, ToolCallIndeterminate
 from toolledger.events.fold import HistoryEntry
-from toolledger.events.lifecycle import sign
 from toolledger.events.models import (
     CallIndeterminate,
     CallReserved,
@@ -45,7 +44,8 @@ from toolledger.events.models import (
     utcnow,
 )
 from toolledger.events.records import CallRecord
-from toolledger.settings import Settings
+from toolledger.events.signing import sign
+from toolledger.settings import ProjectorSettings as Settings
 from toolledger.stack import LedgerStack
 
 PARTITIONS = 2
@@ -164,7 +164,7 @@ async def scene(
         schema_name=pg_schema,
         topic_prefix=f"{topic_prefix}.",
         partitions=PARTITIONS,
-        signing_keys={b.KEY_ID: b.SECRET.decode()},
+        verify_keys=b.KEYS,
     )
     billing_path = tmp_path / "billing.sqlite"
     env = toolledger_env(pg_dsn, kafka_bootstrap, pg_schema, f"{topic_prefix}.", PARTITIONS)
@@ -290,7 +290,7 @@ async def test_a_finding_after_an_operator_settled_or_a_new_attempt_started_is_r
             outcome="failed",
         )
         verdict = await scene.stack.commands.append_and_await(
-            sign(decision, b.KEY_ID, b.SECRET), timeout=10
+            sign(decision, b.SIGNING_KEY), timeout=10
         )
         assert verdict.accepted, verdict.detail
     again = CallReserved(

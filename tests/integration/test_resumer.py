@@ -10,15 +10,15 @@ from pathlib import Path
 
 from tests.fake_billing import FakeBilling, use_service
 from tests.run_tools import ARGS, ScriptedModel, runs_billing
-from toolledger import Ledger, Settings
-from toolledger.events.lifecycle import sign
+from toolledger import Ledger, ProjectorSettings
 from toolledger.events.models import CallApproved
+from toolledger.events.signing import SigningKey, sign
 from toolledger.runtime.agents import AgentConfig
 from toolledger.runtime.runs import AgentRun, ToolCallRequest
 from toolledger.stack import LedgerStack
 
 ROOT = Path(__file__).resolve().parents[2]
-KEY_ID, SECRET = "ops-1", "operator-signing-secret-for-resumer"
+SIGNING_KEY = SigningKey.from_seed("ops-1", b"resumer-test-operator-signing-k1")
 
 
 async def test_an_approved_call_resumes_its_paused_run_through_the_resumer(
@@ -27,13 +27,13 @@ async def test_an_approved_call_resumes_its_paused_run_through_the_resumer(
     """A run paused awaiting approval must go on by itself once an operator approves: the
     resumer sees the decision in the facts and calls the host, which resumes the run; the
     refund is made once and the model hears its result."""
-    settings = Settings(
+    settings = ProjectorSettings(
         database_url=pg_dsn,
         kafka_bootstrap=kafka_bootstrap,
         schema_name=pg_schema,
         topic_prefix=topic_prefix + ".",
         partitions=2,
-        signing_keys={KEY_ID: SECRET},
+        verify_keys=SIGNING_KEY.verify_keys(),
     )
     billing = use_service(FakeBilling(tmp_path / "billing.db"))
     stack = await LedgerStack.connect(settings, run_projector=True)
@@ -46,7 +46,6 @@ async def test_an_approved_call_resumes_its_paused_run_through_the_resumer(
         "TOOLLEDGER_KAFKA_BOOTSTRAP": kafka_bootstrap,
         "TOOLLEDGER_SCHEMA": pg_schema,
         "TOOLLEDGER_TOPIC_PREFIX": settings.topic_prefix,
-        "TOOLLEDGER_SIGNING_KEYS": f"{KEY_ID}:{SECRET}",
         "BILLING_DB": str(tmp_path / "billing.db"),
         "RESUME_LOG": str(log),
     }
@@ -84,7 +83,7 @@ async def test_an_approved_call_resumes_its_paused_run_through_the_resumer(
             reason="refund is due",
             expected_version=record.version,
         )
-        verdict = await stack.commands.append_and_await(sign(approval, KEY_ID, SECRET.encode()), 10)
+        verdict = await stack.commands.append_and_await(sign(approval, SIGNING_KEY), 10)
         assert verdict.accepted
         async with asyncio.timeout(45):
             while not (log.exists() and log.read_text().strip()):

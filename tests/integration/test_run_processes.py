@@ -14,9 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from tests import builders as b
 from tests.fake_billing import FakeBilling, use_service
 from tests.run_tools import ARGS, ScriptedModel, runs_billing
-from toolledger import Ledger, Settings
+from toolledger import Ledger
+from toolledger import ProjectorSettings as Settings
 from toolledger.runtime.agents import AgentConfig
 from toolledger.runtime.runs import AgentRun, FinalAnswer, ToolCallRequest
 from toolledger.stack import LedgerStack
@@ -32,6 +34,7 @@ def settings(pg_dsn: str, kafka_bootstrap: str, pg_schema: str, topic_prefix: st
         schema_name=pg_schema,
         topic_prefix=topic_prefix + ".",
         partitions=2,
+        verify_keys=b.KEYS,
     )
 
 

@@ -19,15 +19,15 @@ from toolledger.api import create_app
 from toolledger.api.app import close_stack
 from toolledger.api.service import OperatorService
 from toolledger.api.tokens import MemoryTokens
-from toolledger.events.lifecycle import sign
 from toolledger.events.models import CompensationRequested
-from toolledger.settings import ConfigError, Settings
+from toolledger.events.signing import sign
+from toolledger.settings import ConfigError, OperatorSettings
 from toolledger.stack import LedgerStack
 
 
 @pytest.fixture
 async def stack() -> AsyncIterator[LedgerStack]:
-    stack = await LedgerStack.memory(signing_keys=s.KEYS)
+    stack = await LedgerStack.memory(verify_keys=s.KEYS)
     try:
         yield stack
     finally:
@@ -370,7 +370,7 @@ async def test_health_readiness_and_metrics(
     await api.post(
         "/v1/tool-executions/metrics-2:c1/resolve", json={"outcome": "failed", "reason": "no"}
     )
-    text = (await api.get("/metrics")).text
+    text = (await api.get("/metrics", headers=s.METRICS_AUTH)).text
     assert 'toolledger_ledger_calls{status="indeterminate"}' in text
     assert 'toolledger_unsettled_calls{older_than_seconds="0",status="indeterminate"}' in text
     assert 'toolledger_api_verdict_seconds_count{command="call_resolved"}' in text
@@ -379,9 +379,9 @@ async def test_health_readiness_and_metrics(
 
 async def test_an_api_without_a_signing_key_refuses_to_start(stack: LedgerStack) -> None:
     with pytest.raises(ConfigError, match="TOOLLEDGER_SIGNING_KEYS"):
-        create_app(stack, Settings())
+        create_app(stack, OperatorSettings())
     with pytest.raises(ConfigError, match="TOOLLEDGER_SIGNING_KEYS"):
-        OperatorService(stack.store, stack.commands, signing_keys={})
+        OperatorService(stack.store, stack.commands, signing_keys=())
 
 
 async def test_tokens_scope_every_request_to_their_tenant_and_role(
@@ -413,14 +413,14 @@ async def test_a_command_without_a_verdict_is_503_and_the_api_stops_being_ready(
 ) -> None:
     """With the projector stopped, a decision must not hang or guess: 503 saying it may still
     apply, and /readyz turns 503 until a verdict comes again."""
-    stack = await LedgerStack.memory(signing_keys=s.KEYS)
+    stack = await LedgerStack.memory(verify_keys=s.KEYS)
     try:
         r = await s.Calls(stack).indeterminate("stalled")
         assert stack.projector is not None
         stack.projector.stop()
         await stack.projector_task
         service = OperatorService(
-            stack.store, stack.commands, signing_keys=s.KEYS, verdict_timeout=0.3
+            stack.store, stack.commands, signing_keys=(s.SIGNING_KEY,), verdict_timeout=0.3
         )
         app = create_app(service, s.api_settings(), tokens=tokens)
         async with s.client(app, await s.token(tokens)) as api:
@@ -470,8 +470,7 @@ async def test_asking_again_finishes_a_compensation_an_interrupted_request_left_
             reason="customer asked",
             expected_version=2,
         ),
-        s.KEY_ID,
-        s.SECRET.encode(),
+        s.SIGNING_KEY,
     )
     record = await calls.apply(requested)
     assert record is not None and record.status == "compensating"

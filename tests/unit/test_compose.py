@@ -13,13 +13,24 @@ import pytest
 import yaml
 
 from toolledger.cli import main
-from toolledger.settings import load_settings
+from toolledger.events.signing import SigningKey
+from toolledger.settings import OperatorSettings, ProjectorSettings, load_settings
 
 COMPOSE = Path(__file__).resolve().parents[2] / "docker-compose.yml"
 
 
+#: What a user exports before `docker compose up` (compose refuses `${VAR:?...}` unset).
+_KEY = SigningKey.from_seed("ops-1", b"compose-test-operator-signing-k1")
+_EXPORTED = {
+    "TOOLLEDGER_VERIFY_KEYS": _KEY.public_setting(),
+    "TOOLLEDGER_SIGNING_KEYS": _KEY.setting(),
+}
+
+
 def _interpolate(value: str) -> str:
-    """Compose's `${VAR:-default}` with VAR unset, as a fresh checkout sees it."""
+    """Compose's `${VAR:-default}` with VAR unset, as a fresh checkout sees it, and its
+    `${VAR:?message}` with what the compose file's header tells the user to export."""
+    value = re.sub(r"\$\{([A-Z_]+):\?[^}]*\}", lambda m: _EXPORTED[m.group(1)], value)
     return re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", value)
 
 
@@ -68,6 +79,23 @@ def test_toolledger_services_run_real_commands_with_valid_settings(
         command = service.get("command")
         if command:
             assert command[0] in main.commands, f"{name} runs unknown command {command[0]!r}"
+        if command and command[0] == "projector":
+            load_settings(ProjectorSettings).require_verify_keys()
+        if command and command[0] == "api":
+            load_settings(OperatorSettings).require_signing_key()
+
+
+def test_only_the_api_and_the_operator_cli_get_the_private_key(compose: dict[str, Any]) -> None:
+    """The reconciler and the resumer run user code: with the private key in their environment
+    they could sign an approval (issue 15). Projectors get only the public keys."""
+    holders = {
+        name
+        for name, service in compose["services"].items()
+        if "TOOLLEDGER_SIGNING_KEYS" in (service.get("environment") or {})
+    }
+    assert holders == {"api", "cli"}
+    projector = compose["services"]["projector"]["environment"]
+    assert "TOOLLEDGER_VERIFY_KEYS" in projector
 
 
 def test_kafka_never_auto_creates_topics(compose: dict[str, Any]) -> None:

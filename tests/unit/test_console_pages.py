@@ -25,7 +25,7 @@ from toolledger.stack import LedgerStack
 
 @pytest.fixture
 async def stack() -> AsyncIterator[LedgerStack]:
-    stack = await LedgerStack.memory(signing_keys=s.KEYS)
+    stack = await LedgerStack.memory(verify_keys=s.KEYS)
     try:
         yield stack
     finally:
@@ -74,7 +74,7 @@ async def test_the_queue_lists_overdue_started_calls_but_not_those_within_their_
     overdue = await calls.reserve("run-o", deadline_in=-60)
     await calls.reserve("run-i")
     unknown = await calls.indeterminate("run-u")
-    service = OperatorService(stack.store, stack.commands, signing_keys=s.KEYS)
+    service = OperatorService(stack.store, stack.commands, signing_keys=(s.SIGNING_KEY,))
     who = Operator(tenant_id="acme", operator="alice")
     statuses: frozenset[CallStatus] = frozenset({"indeterminate", "started", "awaiting_approval"})
     page = await service.list_calls(who, statuses=statuses, overdue_only=True)

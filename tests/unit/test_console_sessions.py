@@ -39,7 +39,7 @@ class Clock:
 
 @pytest.fixture
 async def stack() -> AsyncIterator[LedgerStack]:
-    stack = await LedgerStack.memory(signing_keys=s.KEYS)
+    stack = await LedgerStack.memory(verify_keys=s.KEYS)
     try:
         yield stack
     finally:

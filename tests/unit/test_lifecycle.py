@@ -21,9 +21,10 @@ from tests.builders import (
     run_started,
 )
 from toolledger.events.fold import LedgerFold, Positioned
-from toolledger.events.lifecycle import CLOCK_SKEW_GRACE, decide, sign
+from toolledger.events.lifecycle import CLOCK_SKEW_GRACE, decide
 from toolledger.events.models import Event
 from toolledger.events.records import Verdict
+from toolledger.events.signing import SigningKey, sign
 
 
 class Ledger:
@@ -174,7 +175,7 @@ def test_an_operator_event_signed_with_another_secret_is_rejected() -> None:
     ledger = Ledger()
     r = reserved()
     ledger.apply(r, indeterminate(r))
-    forged = sign(resolved(r, 2, signed=False), "k1", b"guessed")
+    forged = sign(resolved(r, 2, signed=False), SigningKey.generate("k1"))
     v = ledger.apply(forged)
     assert (v.accepted, v.reason) == (False, "bad_signature")
     tampered = resolved(r, 2).model_copy(update={"outcome": "completed"})

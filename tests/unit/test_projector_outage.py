@@ -103,7 +103,7 @@ async def test_a_broker_outage_stands_the_projector_down_and_it_resumes_when_it_
     await events.ensure_topic(2)
     facts_log = broker.log("toolledger.ledger")
     await facts_log.create_topic(2)
-    store = MemoryLedger(signing_keys=b.KEYS)
+    store = MemoryLedger(verify_keys=b.KEYS)
     await store.start()
     locks = MemoryPartitionLocks()
     projector = Projector(

@@ -30,10 +30,10 @@ from toolledger import (
     Toolset,
     external,
 )
-from toolledger.events.lifecycle import sign
 from toolledger.events.log import Position
 from toolledger.events.models import CallApproved, CallResolved, Event, utcnow
 from toolledger.events.records import CallRecord
+from toolledger.events.signing import sign
 from toolledger.projections.ownership import MemoryPartitionLocks
 from toolledger.projections.projector import Projector
 from toolledger.stack import LedgerStack
@@ -227,7 +227,8 @@ async def test_the_embedded_ledger_signs_operator_events_with_its_own_key(ledger
     with pytest.raises(ToolCallAwaitingApproval, match="needs an operator's approval"):
         await call(ledger, gated)
     record = await record_of(ledger, "r1:c1", "awaiting_approval")
-    [(key_id, secret)] = ledger.signing_keys.items()
+    key = ledger.embedded_signing_key
+    assert key is not None
     approval = CallApproved(
         key=record.key,
         run_id="r1",
@@ -237,7 +238,7 @@ async def test_the_embedded_ledger_signs_operator_events_with_its_own_key(ledger
         reason="fine",
         expected_version=record.version,
     )
-    verdict = await ledger.stack.commands.append_and_await(sign(approval, key_id, secret), 5)
+    verdict = await ledger.stack.commands.append_and_await(sign(approval, key), 5)
     assert verdict.accepted
     assert (await call(ledger, gated)).status == "completed"
 
@@ -249,7 +250,8 @@ async def test_an_operators_result_that_does_not_fit_the_type_is_reported(ledger
     clock = context_of["clock"]
     assert isinstance(clock, Clock)
     clock.offset += timedelta(seconds=waits_after_sending.budget + 10)
-    [(key_id, secret)] = ledger.signing_keys.items()
+    key = ledger.embedded_signing_key
+    assert key is not None
     resolved = CallResolved(
         key=record.key,
         run_id="r1",
@@ -262,9 +264,7 @@ async def test_an_operators_result_that_does_not_fit_the_type_is_reported(ledger
         outcome="completed",
         value_json='{"not": "a string"}',
     )
-    assert (
-        await ledger.stack.commands.append_and_await(sign(resolved, key_id, secret), 5)
-    ).accepted
+    assert (await ledger.stack.commands.append_and_await(sign(resolved, key), 5)).accepted
     hooks["release"].set()
     outcome = await asyncio.wait_for(task, 5)
     with pytest.raises(ToolResultUnreadable, match="cannot be read as str"):

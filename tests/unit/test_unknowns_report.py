@@ -13,7 +13,7 @@ from toolledger.subscribe import subscribe
 
 
 async def test_the_report_counts_unknowns_their_settlers_and_how_long_they_waited() -> None:
-    stack = await LedgerStack.memory(signing_keys=b.KEYS)
+    stack = await LedgerStack.memory(verify_keys=b.KEYS)
     try:
         by_operator, by_hook, plain, still, late = (
             b.reserved(f"r{n}", "c1", t=0) for n in range(5)

@@ -13,7 +13,11 @@ Besides `/v1/tool-executions` (`toolledger.api.routes`) it serves:
 - `/readyz`: PostgreSQL answers, a projector has bound the events topic, and this process's
   operator commands are getting verdicts (none is stuck, the last one did not time out);
 - `/metrics`: the default Prometheus registry (`toolledger.api.metrics`), with the ledger-wide
-  gauges refreshed at most every few seconds so a scrape never scans the ledger twice.
+  gauges refreshed at most every few seconds so a scrape never scans the ledger twice. Its
+  counts span every tenant, so it answers only to `Authorization: Bearer
+  <TOOLLEDGER_METRICS_TOKEN>` (a scrape token, not a tenant's), and is not served without one.
+- `/readyz` also checks that this API can sign: its key id is registered by the ledger's
+  projectors with the same public key (docs/security.md).
 
 Requests whose body exceeds `max_body_bytes` are refused with 413 before any route runs, and
 every error, whoever raises it, has the one body shape of `toolledger.api.schemas.ErrorResponse`.
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
@@ -48,7 +53,7 @@ from toolledger.events.models import utcnow
 from toolledger.projections.postgres import PostgresLedger
 from toolledger.projections.store import LedgerStore
 from toolledger.runtime.tools import Tool
-from toolledger.settings import ConfigError, Settings
+from toolledger.settings import ConfigError, OperatorSettings
 from toolledger.stack import LedgerStack
 
 StackFactory = Callable[[], Awaitable[LedgerStack]]
@@ -62,7 +67,7 @@ READY_TIMEOUT_S = 2.0
 
 def create_app(
     source: LedgerStack | OperatorService | StackFactory,
-    settings: Settings,
+    settings: OperatorSettings,
     *,
     tokens: TokenStore | None = None,
     tools: Mapping[str, Tool[Any, Any]] | None = None,
@@ -75,11 +80,8 @@ def create_app(
     refused with 409 saying so. `console_sessions` is the console's session store (default: a
     new in-memory one). Raises `ConfigError` when no signing key is configured.
     """
-    if not isinstance(source, OperatorService) and not settings.signing_keys:
-        raise ConfigError(
-            "TOOLLEDGER_SIGNING_KEYS must name at least one key (key_id:secret): the operator "
-            "API signs its decisions with the first, and the projector rejects unsigned ones"
-        )
+    if not isinstance(source, OperatorService):
+        settings.require_signing_key()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -110,7 +112,7 @@ def create_app(
         app.state.toolledger = _context(source, settings, tokens, tools)
     app.include_router(router)
     mount_console(app, console_sessions)
-    _health_routes(app)
+    _health_routes(app, settings)
     _error_handlers(app)
     app.add_middleware(_BodyLimit, max_bytes=max_body_bytes)
     return app
@@ -135,7 +137,7 @@ async def close_stack(stack: LedgerStack) -> None:
 
 def _context(
     source: LedgerStack | OperatorService,
-    settings: Settings,
+    settings: OperatorSettings,
     tokens: TokenStore | None,
     tools: Mapping[str, Tool[Any, Any]] | None,
 ) -> ApiContext:
@@ -151,7 +153,7 @@ def _context(
         service = OperatorService(
             stack.store,
             stack.commands,
-            signing_keys=settings.signing_secrets(),
+            signing_keys=settings.signing_keys,
             verdict_timeout=settings.verdict_timeout_s,
             compensator=compensator,
         )
@@ -162,7 +164,7 @@ def _context(
     return context
 
 
-def _default_tokens(store: LedgerStore, settings: Settings) -> TokenStore:
+def _default_tokens(store: LedgerStore, settings: OperatorSettings) -> TokenStore:
     if isinstance(store, PostgresLedger):
         if not settings.database_url:
             raise ConfigError("TOOLLEDGER_DATABASE_URL must be set: API tokens live in PostgreSQL")
@@ -170,7 +172,7 @@ def _default_tokens(store: LedgerStore, settings: Settings) -> TokenStore:
     return MemoryTokens()
 
 
-def _health_routes(app: FastAPI) -> None:
+def _health_routes(app: FastAPI, settings: OperatorSettings) -> None:
     refreshed = {"at": -METRICS_REFRESH_S}
 
     @app.get("/healthz", response_model=Health, tags=["health"])
@@ -187,6 +189,7 @@ def _health_routes(app: FastAPI) -> None:
         problems: list[str] = []
         try:
             bound = await asyncio.wait_for(service.store.partition_state(0), READY_TIMEOUT_S)
+            signing = await asyncio.wait_for(service.signing_problem(), READY_TIMEOUT_S)
         except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             problems.append(f"the ledger store does not answer ({exc or 'timeout'})")
         else:
@@ -194,6 +197,8 @@ def _health_routes(app: FastAPI) -> None:
                 problems.append(
                     "no projector has bound the events topic yet: start `toolledger projector`"
                 )
+            if signing is not None:
+                problems.append(f"this API cannot sign: {signing}")
         if service.verdicts_stalled():
             problems.append("the last operator command got no verdict in time")
         lag = service.verdict_lag()
@@ -212,7 +217,8 @@ def _health_routes(app: FastAPI) -> None:
 
     @app.get("/metrics", include_in_schema=False)
     async def prometheus(request: Request) -> Response:
-        """Prometheus exposition of the default registry (text format)."""
+        """Prometheus exposition of the default registry (text format), to the scrape token."""
+        _check_metrics_token(request, settings)
         service = api_context(request).service
         if time.monotonic() - refreshed["at"] >= METRICS_REFRESH_S:
             stats = await service.store.call_stats(utcnow(), metrics.UNSETTLED_AGES)
@@ -223,6 +229,27 @@ def _health_routes(app: FastAPI) -> None:
             refreshed["at"] = time.monotonic()
         metrics.PROJECTOR_LAG.set(service.verdict_lag())
         return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+
+
+def _check_metrics_token(request: Request, settings: OperatorSettings) -> None:
+    """Metrics count calls of every tenant: only the scraper holding the ledger-wide
+    `TOOLLEDGER_METRICS_TOKEN` may read them (a tenant's API token is not enough)."""
+    if settings.metrics_token is None:
+        raise ApiError(
+            404,
+            "metrics_disabled",
+            "/metrics is not served: set TOOLLEDGER_METRICS_TOKEN and scrape with "
+            "`Authorization: Bearer <token>`",
+        )
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    expected = settings.metrics_token.get_secret_value().encode()
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected):
+        raise ApiError(
+            401,
+            "unauthorized",
+            "/metrics needs `Authorization: Bearer <TOOLLEDGER_METRICS_TOKEN>`",
+            {"WWW-Authenticate": "Bearer"},
+        )
 
 
 def _error(

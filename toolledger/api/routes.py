@@ -4,8 +4,13 @@ Each route authenticates, calls the service with the token's tenant and operator
 the record it gets back into the response body. Errors are raised by the service
 (`OperatorError`) and shaped by the app's handlers, so a route never builds an error body.
 
-A key is `<run_id>:<tool_call_id>` in one path segment (the `:` needs no encoding). A key whose
-tool_call_id contains `/` cannot be addressed over HTTP; the CLI takes any key.
+A key is `<run_id>:<tool_call_id>`, and a tool_call_id is whatever an agent framework made it
+(a thread id may hold `/`, `?`, `#`, `%`, spaces, any unicode). The key is the rest of the path
+(`{key:path}`), percent-encoded by the client (`urllib.parse.quote(key, safe="")`, or `safe=":/"`
+since `:` and `/` may also stay literal); the server decodes it once. The decision routes end in
+a fixed action segment (`/resolve`, ...) after the key, and the only GET route under a key is
+`show`, so a key that itself ends in `/resolve` is still addressed unambiguously: GET
+`.../r1:a/resolve` shows the call `r1:a/resolve`, POST `.../r1:a/resolve/resolve` resolves it.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ _NO_NUL = r"^[^\x00]*$"
 def _key(example: str, what: str) -> Any:
     """The `{key}` path parameter, documented with an example key of a call in `what` state."""
     return Path(
-        description="The call key `<run_id>:<tool_call_id>`.",
+        description="The call key `<run_id>:<tool_call_id>`, percent-encoded (any character).",
         openapi_examples={what: {"summary": f"a call that is {what}", "value": example}},
     )
 
@@ -134,19 +139,8 @@ async def list_tool_executions(
     )
 
 
-@router.get("/{key}", response_model=ToolExecutionDetail, responses=_READ, dependencies=[_only()])
-async def show_tool_execution(
-    token: Viewer, context: Context, key: UnknownKey
-) -> ToolExecutionDetail:
-    """A call's record and its full history: every event, accepted or rejected, with why."""
-    record, history = await context.service.show(operator_of(token), key)
-    return ToolExecutionDetail(
-        record=ToolExecution.of(record), history=[HistoryItem.of(h) for h in history]
-    )
-
-
 @router.post(
-    "/{key}/resolve",
+    "/{key:path}/resolve",
     response_model=ToolExecution,
     responses=_DECIDE,
     dependencies=[_only()],
@@ -172,7 +166,7 @@ async def resolve_tool_execution(
 
 
 @router.post(
-    "/{key}/approve",
+    "/{key:path}/approve",
     response_model=ToolExecution,
     responses=_DECIDE,
     dependencies=[_only()],
@@ -188,7 +182,7 @@ async def approve_tool_execution(
 
 
 @router.post(
-    "/{key}/reject",
+    "/{key:path}/reject",
     response_model=ToolExecution,
     responses=_DECIDE,
     dependencies=[_only()],
@@ -204,7 +198,7 @@ async def reject_tool_execution(
 
 
 @router.post(
-    "/{key}/compensate",
+    "/{key:path}/compensate",
     response_model=CompensationResult,
     responses=_DECIDE,
     dependencies=[_only()],
@@ -221,4 +215,19 @@ async def compensate_tool_execution(
     return CompensationResult(
         record=ToolExecution.of(done.record),
         compensation=None if done.compensation is None else ToolExecution.of(done.compensation),
+    )
+
+
+# Registered last: `{key:path}` also matches `<key>/resolve`, and Starlette answers a method
+# it does not route (OPTIONS, a 405's Allow) from the first route whose path matches.
+@router.get(
+    "/{key:path}", response_model=ToolExecutionDetail, responses=_READ, dependencies=[_only()]
+)
+async def show_tool_execution(
+    token: Viewer, context: Context, key: UnknownKey
+) -> ToolExecutionDetail:
+    """A call's record and its full history: every event, accepted or rejected, with why."""
+    record, history = await context.service.show(operator_of(token), key)
+    return ToolExecutionDetail(
+        record=ToolExecution.of(record), history=[HistoryItem.of(h) for h in history]
     )

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, Protocol, TypeVar
@@ -35,14 +35,13 @@ from toolledger.api import metrics
 from toolledger.api.errors import (
     Conflict,
     InvalidRequest,
-    Misconfigured,
     NotFound,
     OperatorError,
     Unavailable,
 )
 from toolledger.api.inputs import clean_reason, decode_cursor, encode_cursor, storable, value_json
 from toolledger.events.fold import HistoryEntry
-from toolledger.events.lifecycle import CLOCK_SKEW_GRACE, sign
+from toolledger.events.lifecycle import CLOCK_SKEW_GRACE
 from toolledger.events.models import (
     CallApproved,
     CallCompensated,
@@ -55,6 +54,7 @@ from toolledger.events.models import (
     utcnow,
 )
 from toolledger.events.records import CallRecord, CallStatus, RunRecord, Verdict
+from toolledger.events.signing import SigningKey, sign
 from toolledger.projections.commands import LedgerCommands
 from toolledger.projections.store import CallQuery, LedgerStore, StatusCounts
 from toolledger.projections.verdicts import LedgerUnavailable
@@ -126,19 +126,22 @@ class OperatorService:
         store: LedgerStore,
         commands: LedgerCommands,
         *,
-        signing_keys: Mapping[str, bytes],
+        signing_keys: Sequence[SigningKey],
         verdict_timeout: float = 10.0,
         compensator: Compensator | None = None,
         clock: Callable[[], datetime] = utcnow,
     ) -> None:
         if not signing_keys:
             raise ConfigError(
-                "TOOLLEDGER_SIGNING_KEYS must name at least one key (key_id:secret): operator "
-                "decisions are signed with the first, and the projector rejects unsigned ones"
+                "TOOLLEDGER_SIGNING_KEYS must name a private key (key_id:base64url): operator "
+                "decisions are signed with the first, and projectors reject unsigned ones"
             )
         self.store = store
         self.commands = commands
-        self.key_id, self._secret = next(iter(signing_keys.items()))
+        self._signer = signing_keys[0]
+        self.key_id = self._signer.key_id
+        self._sign_failure: str | None = None
+        self._key_registered = False
         self.verdict_timeout = verdict_timeout
         self.compensator = compensator
         self.clock = clock
@@ -388,12 +391,56 @@ class OperatorService:
         return record.version if given is None else given
 
     def _signed(self, event: _Op) -> _Op:
-        return sign(event, self.key_id, self._secret)
+        try:
+            return sign(event, self._signer)
+        except Exception as exc:  # a key the crypto library refuses: nothing was appended
+            self._sign_failure = f"signing with key id {self.key_id!r} failed ({exc})"
+            raise Unavailable(
+                "cannot_sign",
+                f"{event.type} for {event.key} was not appended: {self._sign_failure}. Check "
+                "TOOLLEDGER_SIGNING_KEYS",
+            ) from exc
+
+    async def signing_problem(self) -> str | None:
+        """Why this service cannot sign decisions the ledger would accept now (None: it can).
+
+        Its key id must be among the keys this ledger's projectors registered, with the same
+        public key: a decision signed with a key id no projector knows would halt its partition
+        ("deploy keys before signers"), so it is refused before it is appended. A signature the
+        ledger rejected is remembered until a decision is accepted again. `/readyz` reports it,
+        and every decision checks it first (503 when set).
+        """
+        if self._sign_failure is not None:
+            return self._sign_failure
+        if self._key_registered:
+            return None
+        registered = (await self.store.registered_keys()).raw.get(self.key_id)
+        mine = self._signer.public_setting()
+        if registered is None:
+            return (
+                f"no projector of this ledger verifies this API's key id {self.key_id!r} yet; "
+                f"deploy keys before signers: add {mine} to every projector's "
+                "TOOLLEDGER_VERIFY_KEYS and restart them"
+            )
+        if registered != self._signer.public_bytes():
+            return (
+                f"this ledger's projectors verify key id {self.key_id!r} with another public key "
+                f"than this API's TOOLLEDGER_SIGNING_KEYS ({mine}); a key id names one key "
+                "forever: sign with a new key id"
+            )
+        self._key_registered = True  # registered keys are kept forever
+        return None
 
     async def _decide(self, event: OperatorEvent) -> CallRecord:
         """Append a signed decision; the new record, or the error that says why not."""
+        problem = await self.signing_problem()
+        if problem is not None:
+            raise Unavailable(
+                "cannot_sign", f"{event.type} for {event.key} was not appended: {problem}"
+            )
         verdict = await self._command(event)
         if verdict.accepted and verdict.call is not None:
+            self._sign_failure = None
             return verdict.call
         raise self._refusal(verdict)
 
@@ -421,12 +468,12 @@ class OperatorService:
         if verdict.reason in _REFUSED_AS_NOT_FOUND:
             return NotFound("not_found", verdict.detail)
         if verdict.reason in _REFUSED_AS_MISCONFIGURED:
-            return Misconfigured(
-                "signing_key_rejected",
+            self._sign_failure = (
                 f"the ledger rejected this API's signature ({verdict.detail}); the API signs "
-                f"with key id {self.key_id!r}: give the projector and the API the same "
-                "TOOLLEDGER_SIGNING_KEYS",
+                f"with key id {self.key_id!r}: its public key in the projectors' "
+                "TOOLLEDGER_VERIFY_KEYS must be the one of this TOOLLEDGER_SIGNING_KEYS"
             )
+            return Unavailable("signing_key_rejected", self._sign_failure)
         record = verdict.call
         after = None
         if verdict.reason == "before_deadline" and record is not None:

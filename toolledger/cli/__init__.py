@@ -17,6 +17,7 @@ from toolledger.cli.demo import demo
 from toolledger.cli.dev import dev
 from toolledger.cli.drill import drill
 from toolledger.cli.executions import executions
+from toolledger.cli.keys import keys
 from toolledger.cli.ledger import audit_command, dead_letters, history, replay_command
 from toolledger.cli.projector import projector
 from toolledger.cli.reconciler import reconciler
@@ -56,6 +57,7 @@ main.add_command(resumer)
 main.add_command(analytics)
 main.add_command(api)
 main.add_command(tokens)
+main.add_command(keys)
 main.add_command(executions)
 main.add_command(history)
 main.add_command(dead_letters)

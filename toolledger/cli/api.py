@@ -4,7 +4,9 @@ The ledger stack is opened by the app's startup, inside uvicorn's event loop, an
 shutdown. This process appends operator commands and reads the ledger; it runs no projector
 (run `toolledger projector` alongside) and creates no topics. `--tools` names the modules
 declaring the toolsets whose compensations it may run; without them, compensation requests
-are refused with a message saying so. Prometheus metrics are served at `/metrics`.
+are refused with a message saying so. It reads the operator role's settings
+(`OperatorSettings`: the private signing key). Prometheus metrics are served at `/metrics` to
+requests bearing `TOOLLEDGER_METRICS_TOKEN` only.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import uvicorn
 
 from toolledger.api.app import create_app
 from toolledger.api.compensation import load_tools
-from toolledger.settings import load_settings
+from toolledger.settings import OperatorSettings, load_settings
 from toolledger.stack import LedgerStack
 
 
@@ -32,8 +34,9 @@ from toolledger.stack import LedgerStack
 @click.option("--log-level", default="info", show_default=True, help="uvicorn's log level.")
 def api(host: str, port: int, tools: tuple[str, ...], log_level: str) -> None:
     """Serve the operator HTTP API (OpenAPI at /openapi.json), configured by TOOLLEDGER_*."""
-    settings = load_settings()
+    settings = load_settings(OperatorSettings)
     settings.require_services()
+    settings.require_signing_key()
     registry = load_tools(tools) if tools else None
 
     async def open_stack() -> LedgerStack:

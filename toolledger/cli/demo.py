@@ -49,22 +49,26 @@ async def _on_stack(console: Console) -> None:
     from examples.billing_reconciliation import demo as billing_demo
     from toolledger import Ledger
     from toolledger.devstack import DevStack, resolve_services
-    from toolledger.settings import load_settings
+    from toolledger.events.signing import SigningKey
+    from toolledger.settings import OperatorSettings, ProjectorSettings, load_settings
 
     services = resolve_services() or DevStack(Path.cwd()).up()
     suffix = secrets.token_hex(4)
-    key_id, secret = "demo", secrets.token_hex(16)
-    settings = load_settings(
-        database_url=services.database_url,
-        kafka_bootstrap=services.kafka_bootstrap,
-        schema_name=f"toolledger_demo_{suffix}",
-        topic_prefix=f"demo-{suffix}.",
-        partitions=2,
-        signing_keys={key_id: secret},
-    )
+    # The demo plays every role in one process: the projector's public key and the API's
+    # private key are one fresh pair.
+    key = SigningKey.generate("demo")
+    shared: dict[str, object] = {
+        "database_url": services.database_url,
+        "kafka_bootstrap": services.kafka_bootstrap,
+        "schema_name": f"toolledger_demo_{suffix}",
+        "topic_prefix": f"demo-{suffix}.",
+        "partitions": 2,
+    }
+    settings = load_settings(OperatorSettings, **shared, signing_keys=(key,))
+    projecting = load_settings(ProjectorSettings, **shared, verify_keys=key.verify_keys())
     console.print(
         f"Kafka {services.kafka_bootstrap}, PostgreSQL schema {settings.schema_name}, "
         f"topics {settings.events_topic} ..."
     )
-    async with await Ledger.connect(settings, run_projector=True) as ledger:
+    async with await Ledger.connect(projecting, run_projector=True) as ledger:
         await billing_demo.run_scenarios(ledger, settings, console)

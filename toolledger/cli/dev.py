@@ -2,11 +2,20 @@
 
 A thin shell over `toolledger.devstack`, which the pytest fixtures use too, so a stack brought up
 here is the one `make test` and the examples find. Output is for people: a table of what runs
-where, and the `export` lines that point other shells at it.
+where, and the `export` lines that point other shells at it, per role (docs/security.md): the
+shared block every process needs, the public keys projectors add, the private key only the API
+and the operator CLI add.
+
+`up` also makes a development signing key pair, once, in `.toolledger/dev-signing.key` (mode
+0600; `down` leaves it, because a ledger schema that outlives the stack keeps verifying with its
+public key: projectors refuse to start with a key set that lost one).
 """
 
 from __future__ import annotations
 
+import functools
+import os
+import secrets
 import sys
 from pathlib import Path
 
@@ -21,7 +30,9 @@ from toolledger.devstack import (
     Services,
     ServiceStatus,
 )
+from toolledger.events.signing import SigningKey, parse_signing_keys
 
+DEV_KEY_FILE = "dev-signing.key"
 _console = entry.console()
 _SOURCES = {
     "env": "env var",
@@ -62,7 +73,7 @@ def up(project_dir: Path, timeout: float) -> None:
     statuses = stack.status()
     _console.print(_table(statuses))
     _print_logs(statuses)
-    _print_exports(services)
+    _print_exports(services, stack.home)
 
 
 @dev.command()
@@ -81,7 +92,7 @@ def status(project_dir: Path, check: bool) -> None:
     _print_logs(statuses)
     live = stack.services()
     if live is not None:
-        _print_exports(live)
+        _print_exports(live, stack.home)
 
 
 @dev.command()
@@ -123,6 +134,29 @@ def _print_logs(statuses: list[ServiceStatus]) -> None:
             _console.print(f"{st.service.name} log: {st.service.log}", highlight=False)
 
 
-def _print_exports(services: Services) -> None:
-    _console.print(f"export {DATABASE_URL_ENV}={services.database_url}", highlight=False)
-    _console.print(f"export {KAFKA_BOOTSTRAP_ENV}={services.kafka_bootstrap}", highlight=False)
+def dev_signing_key(home: Path) -> tuple[SigningKey, Path]:
+    """The project's development key pair, made on first use; and the file holding it."""
+    path = home / DEV_KEY_FILE
+    if path.exists():
+        [key] = parse_signing_keys(path.read_text().strip())
+        return key, path
+    home.mkdir(parents=True, exist_ok=True)
+    key = SigningKey.generate(f"dev-{secrets.token_hex(3)}")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(key.setting() + "\n")
+    return key, path
+
+
+def _print_exports(services: Services, home: Path) -> None:
+    key, path = dev_signing_key(home)
+    out = functools.partial(_console.print, highlight=False, soft_wrap=True)
+    out("# every role (runtimes, reconciler, resumer, analytics, projector, API, CLI):")
+    out(f"export {DATABASE_URL_ENV}={services.database_url}")
+    out(f"export {KAFKA_BOOTSTRAP_ENV}={services.kafka_bootstrap}")
+    out("# projectors and `toolledger replay`/`audit` add the public key:")
+    out(f"export TOOLLEDGER_VERIFY_KEYS={key.public_setting()}")
+    out(
+        "# only the operator API and `toolledger executions` add the private key (never a runtime):"
+    )
+    out(f'export TOOLLEDGER_SIGNING_KEYS="$(cat {path})"')

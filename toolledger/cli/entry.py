@@ -33,6 +33,7 @@ from toolledger.api.errors import Conflict, InvalidRequest, Misconfigured, NotFo
 from toolledger.devstack import DevStackError
 from toolledger.errors import ExitStatus, ToolLedgerError
 from toolledger.events.log import LogError, LogIdentityError, TopicMissing
+from toolledger.events.signing import KeySetMismatch
 from toolledger.projections.dberrors import DATABASE_ERRORS
 from toolledger.projections.verdicts import LedgerUnavailable
 from toolledger.runtime.agents import AgentConfigError
@@ -75,6 +76,7 @@ _STATUSES: tuple[tuple[type[BaseException] | tuple[type[BaseException], ...], Ex
     (AgentConfigError, ExitStatus.USAGE),
     (InvalidRequest, ExitStatus.USAGE),
     (Misconfigured, ExitStatus.USAGE),
+    (KeySetMismatch, ExitStatus.USAGE),
     (NotFound, ExitStatus.NO),
     (Conflict, ExitStatus.NO),
     (Unavailable, ExitStatus.UNAVAILABLE),

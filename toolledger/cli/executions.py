@@ -33,7 +33,7 @@ from toolledger.cli import entry
 from toolledger.cli.entry import exit_status
 from toolledger.events.models import utcnow
 from toolledger.events.records import CallRecord, CallStatus
-from toolledger.settings import Settings, load_settings
+from toolledger.settings import OperatorSettings, load_settings
 from toolledger.stack import LedgerStack
 
 _console = entry.console()
@@ -77,7 +77,7 @@ def _run(
 ) -> _T:
     """Connect, run `body` on a service, close; turn failures into messages and exit codes."""
 
-    async def main(settings: Settings) -> _T:
+    async def main(settings: OperatorSettings) -> _T:
         registry = load_tools(tools) if tools else {}
         stack = await LedgerStack.connect(settings, create_topics=False)
         try:
@@ -89,7 +89,7 @@ def _run(
             service = OperatorService(
                 stack.store,
                 stack.commands,
-                signing_keys=settings.signing_secrets(),
+                signing_keys=settings.signing_keys,
                 verdict_timeout=settings.verdict_timeout_s,
                 compensator=compensator,
             )
@@ -98,7 +98,7 @@ def _run(
             await close_stack(stack)
 
     try:
-        return asyncio.run(main(load_settings()))
+        return asyncio.run(main(load_settings(OperatorSettings)))
     except Conflict as exc:
         # The group prints one line per error; a refusal also says where the call is now.
         click.echo(f"refused ({exc.code}): {exc.message}", err=True)

@@ -21,24 +21,29 @@ from toolledger.cli import entry
 from toolledger.cli.entry import ExitStatus
 from toolledger.events.fold import HistoryEntry, broken_chains
 from toolledger.events.kafka import KafkaLog
+from toolledger.events.signing import VerifyKeys
 from toolledger.projections.postgres import PostgresLedger
 from toolledger.projections.replay import ReplayReport, compare, replay
 from toolledger.projections.store import CallQuery
-from toolledger.settings import Settings, load_settings
+from toolledger.settings import ProjectorSettings, Settings, load_settings
 
 _console = entry.console()
 _T = TypeVar("_T")
 
 
-def _run(body: Callable[[Settings], Coroutine[object, object, _T]]) -> _T:
-    return asyncio.run(body(load_settings()))
+def _run(body: Callable[[ProjectorSettings], Coroutine[object, object, _T]]) -> _T:
+    """These commands read the ledger or re-fold the log: the shared block plus the public
+    keys (a replay judges operator signatures as a projector does)."""
+    return asyncio.run(body(load_settings(ProjectorSettings)))
 
 
 async def _store(settings: Settings, schema: str | None = None) -> PostgresLedger:
+    """The live ledger (`schema` None: read only, no keys) or a replay target (with keys)."""
     database_url, _ = settings.require_services()
-    store = PostgresLedger(
-        database_url, schema or settings.schema_name, signing_keys=settings.signing_secrets()
-    )
+    keys = VerifyKeys()
+    if schema is not None and isinstance(settings, ProjectorSettings):
+        keys = settings.require_verify_keys()
+    store = PostgresLedger(database_url, schema or settings.schema_name, verify_keys=keys)
     await store.start()
     return store
 
@@ -145,13 +150,25 @@ def dead_letters_list() -> None:
 def replay_command(into: str, verify: bool) -> None:
     """Re-fold toolledger.events from offset 0 into a fresh schema (and compare with --verify)."""
 
-    async def body(settings: Settings) -> ReplayReport:
+    async def body(settings: ProjectorSettings) -> ReplayReport:
+        keys = settings.require_verify_keys()
+        _console.print(
+            f"verifying operator signatures with TOOLLEDGER_VERIFY_KEYS: {keys.describe()}",
+            highlight=False,
+        )
         _, bootstrap = settings.require_services()
         log = KafkaLog(bootstrap, settings.events_topic)
         await log.start()
         live = await _store(settings)
         fresh = await _store(settings, into)
         try:
+            registered = await live.registered_keys()
+            if registered != keys:
+                _console.print(
+                    "[yellow]the live ledger's projectors registered another key set: "
+                    f"{registered.describe()}[/yellow]",
+                    highlight=False,
+                )
             identity = await log.identity()
             targets = {}
             for partition in range(identity.partitions):

@@ -7,7 +7,10 @@ Either way the survivors take a dead process's partitions within a second (a hun
 within about ten: PostgreSQL ends its idle transaction). A lost database connection is
 survived: positions are re-read when it is back; so is a broker that stops answering (the
 process stands down until it answers again). It exits 4 with the log-identity error when the
-topic is not the one the ledger was built from.
+topic is not the one the ledger was built from. It refuses to start without
+`TOOLLEDGER_VERIFY_KEYS`, or with keys that lack or contradict the ones this ledger's projectors
+registered (docs/security.md); an operator event signed with a key id it does not know halts
+that partition until the key is deployed.
 """
 
 from __future__ import annotations
@@ -20,12 +23,13 @@ import signal
 import click
 
 from toolledger.cli.entry import configure_logging
-from toolledger.settings import load_settings
+from toolledger.settings import ProjectorSettings, load_settings
 from toolledger.stack import LedgerStack
 
 
 async def _run(status_every: float) -> None:
-    settings = load_settings()
+    settings = load_settings(ProjectorSettings)
+    settings.require_verify_keys()
     stack = await LedgerStack.connect(settings, run_projector=True)
     # Everything imported and connected so far lives as long as the process: keep it out of
     # every later collection (a library cannot decide this for its host; this command can).

@@ -45,9 +45,10 @@ from toolledger.drill.tools import BILLING_ENV
 from toolledger.drill.verify import refold_log
 from toolledger.events.log import partition_for
 from toolledger.events.models import RunStarted, utcnow
+from toolledger.events.signing import SigningKey
 from toolledger.projections.postgres import PostgresLedger
 from toolledger.runtime.ledger import Ledger
-from toolledger.settings import Settings
+from toolledger.settings import ProjectorSettings
 from toolledger.stack import LedgerStack
 
 log = logging.getLogger("toolledger.drill")
@@ -145,14 +146,16 @@ class _Drill:
         ident = secrets.token_hex(4)
         self.schema = f"drill_{ident}"
         self.prefix = f"drill{ident}."
-        secret = secrets.token_hex(16)
-        self.settings = Settings(
+        # Only this driver process (the drill's operator) holds the private key; every child
+        # gets the public key, which its projectors need and its workers ignore.
+        self.signer = SigningKey.generate("drill")
+        self.settings = ProjectorSettings(
             database_url=services.database_url,
             kafka_bootstrap=services.kafka_bootstrap,
             schema_name=self.schema,
             topic_prefix=self.prefix,
             partitions=config.partitions,
-            signing_keys={"drill": secret},
+            verify_keys=self.signer.verify_keys(),
         )
         self.env = {
             "TOOLLEDGER_DATABASE_URL": services.database_url,
@@ -160,7 +163,7 @@ class _Drill:
             "TOOLLEDGER_SCHEMA": self.schema,
             "TOOLLEDGER_TOPIC_PREFIX": self.prefix,
             "TOOLLEDGER_PARTITIONS": str(config.partitions),
-            "TOOLLEDGER_SIGNING_KEYS": f"drill:{secret}",
+            "TOOLLEDGER_VERIFY_KEYS": self.signer.public_setting(),
             BILLING_ENV: str(home / "billing.db"),
         }
         self.report = DrillReport(config, home, self.schema, self.prefix)
@@ -174,11 +177,7 @@ class _Drill:
         db = LedgerDB(self.services.database_url, self.schema)
         tasks: list[asyncio.Task[None]] = []
         try:
-            ledger = Ledger.from_stack(
-                stack,
-                verdict_timeout=self.settings.verdict_timeout_s,
-                signing_keys=self.settings.signing_secrets(),
-            )
+            ledger = Ledger.from_stack(stack, verdict_timeout=self.settings.verdict_timeout_s)
             billing = DrillBilling(self.home / "billing.db")
             rng = random.Random(self.config.seed)
             chaos = Chaos(
@@ -200,9 +199,7 @@ class _Drill:
                 ],
                 postgres=self.services.postgres,
             )
-            service = OperatorService(
-                stack.store, stack.commands, signing_keys=self.settings.signing_secrets()
-            )
+            service = OperatorService(stack.store, stack.commands, signing_keys=(self.signer,))
             operator = DrillOperator(service, db, billing)
             dispatcher = Dispatcher(
                 DispatchConfig(
@@ -312,7 +309,7 @@ class _Drill:
             PostgresLedger(
                 self.services.database_url,
                 f"{self.schema}_refold",
-                signing_keys=self.settings.signing_secrets(),
+                verify_keys=self.settings.verify_keys,
             ),
         )
         dispatch = dispatcher.tally

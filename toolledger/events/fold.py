@@ -20,9 +20,10 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict
 
-from toolledger.events.lifecycle import SigningKeys, decide
+from toolledger.events.lifecycle import decide
 from toolledger.events.models import Event, OperatorEvent, ReconcileAttempted, canonical_json
 from toolledger.events.records import CallRecord, Reason, RunRecord, Verdict
+from toolledger.events.signing import VerifyKeys
 
 
 class HistoryEntry(BaseModel):
@@ -155,7 +156,7 @@ class LedgerFold:
     `heads` maps each history key to the chain hash of its latest entry.
     """
 
-    keys: SigningKeys = field(default_factory=dict)
+    keys: VerifyKeys = field(default_factory=VerifyKeys)
     calls: dict[str, CallRecord] = field(default_factory=dict)
     runs: dict[str, RunRecord] = field(default_factory=dict)
     history: list[HistoryEntry] = field(default_factory=list)

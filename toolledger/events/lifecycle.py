@@ -13,11 +13,8 @@ would fold an old log differently.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-from collections.abc import Mapping
 from datetime import timedelta
-from typing import TypeVar, assert_never
+from typing import assert_never
 
 from toolledger.events.models import (
     CallAbandoned,
@@ -40,7 +37,6 @@ from toolledger.events.models import (
     RunPaused,
     RunResumed,
     RunStarted,
-    Signature,
 )
 from toolledger.events.records import (
     SETTLED,
@@ -50,6 +46,7 @@ from toolledger.events.records import (
     RunRecord,
     Verdict,
 )
+from toolledger.events.signing import VerifyKeys
 
 #: How long after a reservation's deadline a `started` call may be settled by someone other than
 #: its runtime. Covers clock skew between the runtime that set the deadline and whoever settles.
@@ -57,33 +54,20 @@ CLOCK_SKEW_GRACE = timedelta(seconds=5)
 
 _FINISHED = frozenset({"completed", "failed", "cancelled"})
 
-SigningKeys = Mapping[str, bytes]
-_Op = TypeVar("_Op", bound=OperatorEvent)
 
-
-def sign(event: _Op, key_id: str, secret: bytes) -> _Op:
-    """Return `event` signed with HMAC-SHA256 by `secret` (named `key_id` for rotation)."""
-    mac = hmac.new(secret, event.signing_body(), hashlib.sha256).hexdigest()
-    return event.model_copy(update={"signature": Signature(key_id=key_id, mac=mac)})
-
-
-def _signature_problem(event: OperatorEvent, keys: SigningKeys) -> tuple[Reason, str] | None:
+def _signature_problem(event: OperatorEvent, keys: VerifyKeys) -> tuple[Reason, str] | None:
+    """Unsigned or not matching a known public key: rejected. An unknown key id raises
+    `UnknownSigningKey` (the fold stops; see `toolledger.events.signing`)."""
     if event.signature is None:
         return (
             "unsigned",
             f"operator event for {event.key} is not signed; only the API may append it",
         )
-    secret = keys.get(event.signature.key_id)
-    if secret is None:
-        return "bad_signature", (
-            f"operator event for {event.key} is signed with unknown key id "
-            f"{event.signature.key_id!r}"
-        )
-    expected = hmac.new(secret, event.signing_body(), hashlib.sha256).hexdigest()
-    if not hmac.compare_digest(expected, event.signature.mac):
+    if not keys.verify(event):
         return (
             "bad_signature",
-            f"operator event for {event.key} has a signature that does not match",
+            f"operator event for {event.key} has a signature that does not match the public "
+            f"key {event.signature.key_id!r}",
         )
     return None
 
@@ -93,12 +77,13 @@ def decide(
     call: CallRecord | None,
     event: Event,
     *,
-    keys: SigningKeys | None = None,
+    keys: VerifyKeys | None = None,
 ) -> Verdict:
     """Decide one request against the current run and call records.
 
     `call` must be the record of `event.key` (None for run events or unknown keys) and `run` the
-    record of `event.run_id`. `keys` are the operator-signature keys by key id.
+    record of `event.run_id`. `keys` are the operator-signature public keys by key id; an
+    operator event signed with a key id not among them raises `UnknownSigningKey`.
     """
     d = _Decision(run, call, event)
     if run is not None and run.quarantined:
@@ -113,7 +98,7 @@ def decide(
             f"run {event.run_id} belongs to another tenant than {event.tenant_id}",
         )
     if isinstance(event, OperatorEvent):
-        problem = _signature_problem(event, keys or {})
+        problem = _signature_problem(event, keys or VerifyKeys())
         if problem is not None:
             return d.reject(*problem)
     return _dispatch(d, event)

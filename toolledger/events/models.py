@@ -128,7 +128,9 @@ class Producer(_Storable):
 
 
 class Signature(_Storable):
-    """HMAC-SHA256 over the event's canonical body, by the API key named `key_id`."""
+    """An Ed25519 signature (hex, in `mac`) over the event's canonical body by the operator key
+    named `key_id` (`toolledger.events.signing`). The field keeps its name from the HMAC days:
+    renaming it would be a new schema version for no reader's benefit."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 

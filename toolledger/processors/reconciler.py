@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shlex
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import datetime
@@ -154,7 +155,7 @@ class Reconciler:
                         record.tool_call_id,
                         record.status,
                         record.reconcile_attempts,
-                        record.key,
+                        shlex.quote(record.key),
                     )
                 continue
             if len(self._running) >= self.concurrency:

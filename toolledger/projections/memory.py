@@ -14,12 +14,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 
 from toolledger.events.fold import DeadLetter, HistoryEntry, LedgerFold, Positioned
 from toolledger.events.log import LogIdentity
 from toolledger.events.records import CallRecord, RunRecord, Verdict
+from toolledger.events.signing import VerifyKeys, check_key_set
 from toolledger.projections.facts import Fact
 from toolledger.projections.store import (
     CallQuery,
@@ -42,13 +43,15 @@ from toolledger.projections.store import (
 class MemoryLedger(LedgerStore):
     """The ledger in a `LedgerFold`, with offsets; one asyncio.Lock serializes batches."""
 
-    def __init__(self, *, signing_keys: Mapping[str, bytes] | None = None) -> None:
-        self._fold = LedgerFold(keys=dict(signing_keys or {}))
+    def __init__(self, *, verify_keys: VerifyKeys | None = None) -> None:
+        self.verify_keys = verify_keys or VerifyKeys()
+        self._fold = LedgerFold(keys=self.verify_keys)
         self._offsets: dict[int, PartitionState] = {}
         self._lock = asyncio.Lock()
         self._subscribers: set[asyncio.Queue[uuid.UUID]] = set()
         self._history_by_key: dict[str, list[HistoryEntry]] = {}
         self._published: dict[int, int] = {}
+        self._registered = VerifyKeys()
 
     @property
     def fold(self) -> LedgerFold:
@@ -186,3 +189,11 @@ class MemoryLedger(LedgerStore):
 
     async def mark_facts_published(self, partition: int, offset: int) -> None:
         self._published[partition] = max(offset, self._published.get(partition, 0))
+
+    async def register_verify_keys(self) -> VerifyKeys:
+        check_key_set(self.verify_keys, self._registered)
+        self._registered = VerifyKeys({**self._registered.raw, **self.verify_keys.raw})
+        return self._registered
+
+    async def registered_keys(self) -> VerifyKeys:
+        return self._registered

@@ -30,7 +30,7 @@ import hashlib
 import logging
 import os
 import uuid
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from datetime import datetime
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
@@ -40,6 +40,8 @@ import asyncpg
 from toolledger.events.fold import DeadLetter, HistoryEntry, Positioned
 from toolledger.events.log import LogIdentity
 from toolledger.events.records import UNSETTLED, CallRecord, RunRecord, Verdict
+from toolledger.events.signing import VerifyKeys
+from toolledger.projections import keyring
 from toolledger.projections.batch_sql import (
     CALL_TYPES,
     HISTORY_TYPES,
@@ -339,12 +341,12 @@ class PostgresLedger(LedgerStore):
         dsn: str,
         schema: str = "toolledger",
         *,
-        signing_keys: Mapping[str, bytes] | None = None,
+        verify_keys: VerifyKeys | None = None,
         pool_size: int = 4,
     ) -> None:
         self._dsn = dsn
         self._schema = check_schema_name(schema)
-        self._keys = dict(signing_keys or {})
+        self.verify_keys = verify_keys or VerifyKeys()
         self._pool_size = pool_size
         self._pool: asyncpg.Pool[asyncpg.Record] | None = None
 
@@ -445,7 +447,7 @@ class PostgresLedger(LedgerStore):
         """Load, fold, then one statement that writes only if its compare-and-set hits."""
         partition, start_offset, _ = position
         calls, runs, decided, heads = await _load(conn, items)
-        batch = BatchFold(calls, runs, decided, self._keys, heads)
+        batch = BatchFold(calls, runs, decided, self.verify_keys, heads)
         for item in items:
             batch.apply(item)
         outcome = batch.outcome()
@@ -478,7 +480,7 @@ class PostgresLedger(LedgerStore):
         if moved != "UPDATE 1":
             raise OffsetConflict(partition, start_offset, await conn.fetchval(_OFFSET, partition))
         calls, runs, decided, heads = await _load(conn, items)
-        batch = BatchFold(calls, runs, decided, self._keys, heads)
+        batch = BatchFold(calls, runs, decided, self.verify_keys, heads)
         async with _Appender(conn) as appender:
             for at in range(0, len(items), _SLICE):
                 for item in items[at : at + _SLICE]:
@@ -596,3 +598,10 @@ class PostgresLedger(LedgerStore):
 
     async def mark_facts_published(self, partition: int, offset: int) -> None:
         await self._db.execute(_MARK_FACTS_PUBLISHED, partition, offset)
+
+    async def register_verify_keys(self) -> VerifyKeys:
+        async with self._db.acquire() as conn:
+            return await keyring.register(conn, self.verify_keys)
+
+    async def registered_keys(self) -> VerifyKeys:
+        return await keyring.registered(self._db)

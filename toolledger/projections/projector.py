@@ -8,9 +8,12 @@ compare-and-set). If the compare-and-set misses, another process owns the partit
 batch rolled back and the projector lets the partition go.
 
 Unreadable records: an unknown schema fingerprint halts the partition (a newer writer is ahead
-of this reader; folding around it would skip an event of some run). Bytes that cannot be decoded
-at all are dead letters: published to the DLQ topic with the reason in the headers, recorded in
-`dead_letters`, and their run is quarantined, all in the same transaction as the offset move.
+of this reader; folding around it would skip an event of some run). So does an operator event
+signed with a key id this projector has no public key for ("deploy keys before signers"):
+rejecting it would make the verdict depend on which keys this process happened to have. Bytes
+that cannot be decoded at all are dead letters: published to the DLQ topic with the reason in
+the headers, recorded in `dead_letters`, and their run is quarantined, all in the same
+transaction as the offset move.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
-from toolledger.events.codec import DecodeError, decode
+from toolledger.events.codec import decode
 from toolledger.events.fold import DeadLetter, Positioned
 from toolledger.events.log import (
     EventLog,
@@ -36,89 +39,16 @@ from toolledger.events.log import (
 from toolledger.events.models import Event
 from toolledger.events.records import Verdict
 from toolledger.projections.dberrors import DATABASE_ERRORS
+from toolledger.projections.decoding import decode_records
 from toolledger.projections.facts import Fact, FactsPublisher, facts_of
 from toolledger.projections.gc_pause import gc_paused
 from toolledger.projections.ownership import PartitionLocks
 from toolledger.projections.store import LedgerStore, OffsetConflict
+from toolledger.settings import ConfigError
 
 log = logging.getLogger("toolledger.projector")
 
 VerdictSink = Callable[[int, Sequence[Verdict]], Awaitable[None]]
-
-
-def run_id_of(key: bytes | None) -> str | None:
-    """The run a record's key names, if it names one (for quarantining dead letters)."""
-    if not key:
-        return None
-    try:
-        text = key.decode()
-    except UnicodeDecodeError:
-        return None
-    return text if ":" not in text else None
-
-
-@dataclass
-class DecodedBatch:
-    """A partition's fetched records, decoded: what to apply, and where the batch ends."""
-
-    items: list[Positioned | DeadLetter]
-    dead: list[DeadLetter]
-    next_offset: int
-    halted: str | None = None
-
-
-def decode_records(
-    partition: int,
-    records: Sequence[LogRecord],
-    start: int,
-    decode: Callable[[bytes], Event] = decode,
-) -> DecodedBatch:
-    """Decode records from offset `start` on; stop before a record of an unknown schema.
-
-    Shared by the projector and replay so both fold exactly the same items.
-    """
-    with gc_paused():
-        return _decode_records(partition, records, start, decode)
-
-
-def _decode_records(
-    partition: int, records: Sequence[LogRecord], start: int, decode: Callable[[bytes], Event]
-) -> DecodedBatch:
-    batch = DecodedBatch(items=[], dead=[], next_offset=start)
-    for record in records:
-        if record.offset < batch.next_offset:
-            continue
-        if record.is_epoch_marker:
-            batch.next_offset = record.offset + 1
-            continue
-        try:
-            event = decode(record.value)
-            if run_id_of(record.key) != event.run_id:
-                raise ValueError(
-                    f"malformed: record key {record.key!r} is not the event's run_id "
-                    f"{event.run_id!r}"
-                )
-        except DecodeError as err:
-            if err.reason == "unknown_fingerprint":
-                batch.halted = (
-                    f"partition {partition} offset {record.offset}: {err} The partition is "
-                    "halted; upgrade this projector to a version that knows the schema"
-                )
-                break
-            batch.dead.append(_dead(partition, record, str(err)))
-        except ValueError as err:
-            batch.dead.append(_dead(partition, record, str(err)))
-        else:
-            batch.items.append(Positioned(partition, record.offset, event))
-            batch.next_offset = record.offset + 1
-            continue
-        batch.items.append(batch.dead[-1])
-        batch.next_offset = record.offset + 1
-    return batch
-
-
-def _dead(partition: int, record: LogRecord, reason: str) -> DeadLetter:
-    return DeadLetter(partition, record.offset, run_id_of(record.key), reason, record.value)
 
 
 def _gone(exc: TopicMissing) -> LogIdentityError:
@@ -189,7 +119,17 @@ class Projector:
         self._stopping.set()
 
     async def run(self) -> None:
-        """Project until `stop()`; raises `LogIdentityError` if the log is not the ledger's."""
+        """Project until `stop()`; raises `LogIdentityError` if the log is not the ledger's.
+
+        Refuses to start (`ConfigError`) without public keys, and (`KeySetMismatch`) with keys
+        that lack or contradict the ones this ledger's projectors registered before.
+        """
+        if not self.store.verify_keys:
+            raise ConfigError(
+                "TOOLLEDGER_VERIFY_KEYS must name at least one public key: a projector "
+                "verifies operator decisions with them and cannot judge one without"
+            )
+        await self.store.register_verify_keys()
         identity = await self._answering_identity(retry_first=False)
         if identity is None:  # stopped before the broker ever answered
             return
@@ -370,7 +310,7 @@ class Projector:
 
     async def _apply_records(self, partition: int, records: list[LogRecord]) -> int:
         start = self._owned[partition]
-        batch = decode_records(partition, records, start, self.decode)
+        batch = decode_records(partition, records, start, self.store.verify_keys, self.decode)
         verdicts: list[Verdict] = []
         if batch.next_offset > start:
             await self._publish_dead(partition, batch.dead)

@@ -16,7 +16,7 @@ from datetime import datetime
 
 from toolledger.events.fold import broken_chains
 from toolledger.events.log import EventLog, LogIdentityError
-from toolledger.projections.projector import decode_records
+from toolledger.projections.decoding import decode_records
 from toolledger.projections.store import LedgerSnapshot, LedgerStore
 
 Progress = Callable[[int, int], None]
@@ -50,6 +50,9 @@ async def replay(
     """Fold every partition of `log` from offset 1 up to (excluding) `targets[p]` into `into`.
 
     `into` must be empty; `targets` usually comes from the live ledger's stored offsets.
+    Operator signatures are checked with `into.verify_keys`; an operator event signed with a
+    key id not among them stops the replay (`LogIdentityError` saying so) rather than fold a
+    verdict that would depend on which keys this process has.
     """
     identity = await log.identity()
     states = await into.bind_log(identity)
@@ -76,7 +79,10 @@ async def replay(
                     continue
                 limit = targets[partition]
                 batch = decode_records(
-                    partition, [r for r in records if r.offset < limit], position[partition]
+                    partition,
+                    [r for r in records if r.offset < limit],
+                    position[partition],
+                    into.verify_keys,
                 )
                 if batch.halted is not None:
                     raise LogIdentityError(batch.halted)

@@ -25,9 +25,9 @@ from datetime import datetime
 
 from toolledger.errors import ToolLedgerError
 from toolledger.events.fold import DeadLetter, HistoryEntry, LedgerFold, Positioned, ledger_digest
-from toolledger.events.lifecycle import SigningKeys
 from toolledger.events.log import LogIdentity, LogIdentityError
 from toolledger.events.records import UNSETTLED, CallRecord, CallStatus, RunRecord, Verdict
+from toolledger.events.signing import VerifyKeys
 from toolledger.projections.facts import Fact
 
 
@@ -169,7 +169,14 @@ def count_calls(
 
 
 class LedgerStore(ABC):
-    """The projected ledger: records, runs, history, verdicts, offsets, dead letters."""
+    """The projected ledger: records, runs, history, verdicts, offsets, dead letters.
+
+    `verify_keys` are the public keys its batches check operator signatures with (empty for a
+    store only read from); the projector halts a partition at an operator event signed with a
+    key id not among them rather than let the batch reject it.
+    """
+
+    verify_keys: VerifyKeys
 
     @abstractmethod
     async def start(self) -> None:
@@ -257,6 +264,18 @@ class LedgerStore(ABC):
         """The tenant's calls per status and its `started` calls whose deadline passed before
         `deadline_before` (the console's counts). This default scans a snapshot."""
         return count_statuses((await self.snapshot()).calls.values(), tenant_id, deadline_before)
+
+    @abstractmethod
+    async def register_verify_keys(self) -> VerifyKeys:
+        """Register `verify_keys` as this ledger's projectors' key set; the set afterwards.
+
+        Raises `KeySetMismatch` (nothing registered) when a registered key id is missing from
+        `verify_keys` or has another public key there.
+        """
+
+    @abstractmethod
+    async def registered_keys(self) -> VerifyKeys:
+        """The public keys this ledger's projectors registered (empty before any started)."""
 
     @abstractmethod
     async def facts_since(self, partition: int, offset: int, limit: int) -> list[Fact]:
@@ -364,7 +383,7 @@ class BatchFold:
         calls: Mapping[str, CallRecord],
         runs: Mapping[str, RunRecord],
         decided: Collection[uuid.UUID],
-        keys: SigningKeys,
+        keys: VerifyKeys,
         heads: Mapping[str, str],
     ) -> None:
         self._calls = calls
@@ -404,7 +423,7 @@ def fold_batch(
     calls: Mapping[str, CallRecord],
     runs: Mapping[str, RunRecord],
     decided: Collection[uuid.UUID],
-    keys: SigningKeys,
+    keys: VerifyKeys,
     heads: Mapping[str, str],
 ) -> BatchOutcome:
     """`BatchFold` over all of `items` at once."""

@@ -16,20 +16,34 @@ flight, the reads asked while one is under way share the next query.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Collection
 from datetime import datetime
 from typing import TypedDict
 
 from toolledger.events.models import CallEvent
-from toolledger.events.records import CallRecord, Verdict
+from toolledger.events.records import CallRecord, RunRecord, Verdict
 from toolledger.projections.dberrors import DATABASE_ERRORS
+from toolledger.projections.store import CallQuery
 from toolledger.runtime.errors import LedgerUnavailable
 from toolledger.runtime.executor import CallIdentity
 from toolledger.stack import LedgerStack
 
 log = logging.getLogger("toolledger.runtime")
+
+
+@contextlib.asynccontextmanager
+async def _store_errors(what: str) -> AsyncIterator[None]:
+    """Fail closed in the runtime's words: a driver error of the store is `LedgerUnavailable`."""
+    try:
+        yield
+    except DATABASE_ERRORS as exc:
+        raise LedgerUnavailable(
+            f"cannot read {what} ({type(exc).__name__}: {exc}); nothing was run. Try again "
+            "once PostgreSQL is reachable."
+        ) from exc
 
 
 class Envelope(TypedDict):
@@ -71,6 +85,23 @@ class LedgerAccess:
                 f"cannot read the ledger record of {key} ({exc}); the call was not attempted. "
                 "Call again once PostgreSQL is reachable."
             ) from exc
+
+    async def read_run(self, run_id: str) -> RunRecord | None:
+        """The run's record; `LedgerUnavailable` if the store cannot be read."""
+        async with _store_errors(f"the ledger record of run {run_id}"):
+            return await self.stack.store.get_run(run_id)
+
+    async def list_calls(self, query: CallQuery) -> list[CallRecord]:
+        """Calls matching `query`; `LedgerUnavailable` if the store cannot be read."""
+        async with _store_errors(f"the calls of run {query.run_id or '(any)'}"):
+            return await self.stack.store.list_calls(query)
+
+    async def list_runs(
+        self, statuses: Collection[str], *, tenant_id: str | None = None
+    ) -> list[RunRecord]:
+        """Runs in `statuses`; `LedgerUnavailable` if the store cannot be read."""
+        async with _store_errors("the ledger's runs"):
+            return await self.stack.store.list_runs(statuses, tenant_id=tenant_id)
 
     async def append_until_landed(self, event: CallEvent) -> None:
         """Append `event`, resending the same event_id until Kafka acknowledges it."""

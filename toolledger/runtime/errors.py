@@ -14,6 +14,7 @@ read them are operators deciding whether a customer was charged. They all derive
 
 from __future__ import annotations
 
+import shlex
 from datetime import datetime
 
 from toolledger.errors import ToolLedgerError
@@ -57,8 +58,12 @@ def call_label(tool: str, key: str) -> str:
 
 
 def resolve_command(key: str) -> str:
-    """The operator command that settles an unknown call."""
-    return f"`toolledger executions resolve {key} --outcome completed|failed --reason ...`"
+    """The operator command that settles an unknown call (the key shell-quoted: a framework's
+    tool_call_id may hold spaces, `#` or quotes)."""
+    return (
+        f"`toolledger executions resolve {shlex.quote(key)} --outcome completed|failed "
+        "--reason ...`"
+    )
 
 
 class ToolCallError(ToolLedgerError):
@@ -206,8 +211,9 @@ class ToolCallAwaitingApproval(ToolCallError):
     def __init__(self, *, key: str, tool: str, record: CallRecord | None = None) -> None:
         super().__init__(
             f"call {call_label(tool, key)} needs an operator's approval and has not run. "
-            f"An operator approves or rejects it (`toolledger executions approve {key} --reason "
-            "...`); then make the call again with the same tool_call_id.",
+            "An operator approves or rejects it (`toolledger executions approve "
+            f"{shlex.quote(key)} --reason ...`); then make the call again with the same "
+            "tool_call_id.",
             key=key,
             tool=tool,
         )

@@ -40,6 +40,7 @@ from toolledger.events.models import (
     utcnow,
 )
 from toolledger.events.records import CallRecord, RunRecord
+from toolledger.events.signing import SigningKey
 from toolledger.runtime import replay
 from toolledger.runtime.access import LedgerAccess
 from toolledger.runtime.errors import (
@@ -52,7 +53,7 @@ from toolledger.runtime.executor import Attempted, CallIdentity, Indeterminate, 
 from toolledger.runtime.outcome import ToolOutcome, own_outcome, settled_outcome, unsettled_error
 from toolledger.runtime.recording import AckedOutcomes, BackgroundAppends, outcome_event
 from toolledger.runtime.tools import PreparedCall, Tool
-from toolledger.settings import Settings, load_settings
+from toolledger.settings import ProjectorSettings, Settings, load_settings
 from toolledger.stack import LedgerStack
 
 log = logging.getLogger("toolledger.runtime")
@@ -71,13 +72,13 @@ class Ledger(LedgerAccess):
         stack: LedgerStack,
         *,
         verdict_timeout: float = 10.0,
-        signing_keys: Mapping[str, bytes] | None = None,
         clock: Callable[[], datetime] = utcnow,
         owns_stack: bool = False,
+        embedded_signing_key: SigningKey | None = None,
     ) -> None:
         self.stack = stack
         self.verdict_timeout = verdict_timeout
-        self.signing_keys: dict[str, bytes] = dict(signing_keys or {})
+        self.embedded_signing_key = embedded_signing_key
         self.clock = clock
         self._owns_stack = owns_stack
         self._background = BackgroundAppends()
@@ -87,20 +88,25 @@ class Ledger(LedgerAccess):
     @classmethod
     async def memory(
         cls,
-        signing_keys: Mapping[str, bytes] | None = None,
+        signing_key: SigningKey | None = None,
         *,
         verdict_timeout: float = 10.0,
         clock: Callable[[], datetime] = utcnow,
     ) -> Ledger:
         """The embedded ledger: memory log, memory store, in-process projector.
 
-        Without `signing_keys` a random key is made for this process, so operator events (an
-        approval, a resolution) can still be signed and verified while it lives.
+        It plays every role in one process, so it keeps an operator's signing key
+        (`embedded_signing_key`; without `signing_key` a fresh one is made) to sign approvals
+        and resolutions that its own projector verifies. `connect()` keeps no key.
         """
-        keys = dict(signing_keys or {f"local-{secrets.token_hex(4)}": secrets.token_bytes(32)})
-        stack = await LedgerStack.memory(signing_keys=keys)
+        key = signing_key or SigningKey.generate(f"local-{secrets.token_hex(4)}")
+        stack = await LedgerStack.memory(verify_keys=key.verify_keys())
         return cls(
-            stack, verdict_timeout=verdict_timeout, signing_keys=keys, clock=clock, owns_stack=True
+            stack,
+            verdict_timeout=verdict_timeout,
+            clock=clock,
+            owns_stack=True,
+            embedded_signing_key=key,
         )
 
     @classmethod
@@ -113,21 +119,17 @@ class Ledger(LedgerAccess):
     ) -> Ledger:
         """Kafka and PostgreSQL, from `settings` or the `TOOLLEDGER_*` environment.
 
-        A bad or missing setting raises `ConfigError` naming the variable. Every call awaits a
-        verdict from a projector, so one must be running: separate processes in production
+        A bad or missing setting raises `ConfigError` naming the variable. A runtime reads the
+        shared block only and holds no key (docs/security.md). Every call awaits a verdict from
+        a projector, so one must be running: separate processes in production
         (`toolledger projector`), or `run_projector=True` for one in this process (tests,
-        single-node setups). Without one, each call is refused, not attempted, after
-        `TOOLLEDGER_VERDICT_TIMEOUT_S`.
+        single-node setups), which then needs `TOOLLEDGER_VERIFY_KEYS`. Without a projector,
+        each call is refused, not attempted, after `TOOLLEDGER_VERDICT_TIMEOUT_S`.
         """
-        settings = settings if settings is not None else load_settings()
+        if settings is None:
+            settings = load_settings(ProjectorSettings) if run_projector else load_settings()
         stack = await LedgerStack.connect(settings, run_projector=run_projector)
-        return cls(
-            stack,
-            verdict_timeout=settings.verdict_timeout_s,
-            signing_keys=settings.signing_secrets(),
-            clock=clock,
-            owns_stack=True,
-        )
+        return cls(stack, verdict_timeout=settings.verdict_timeout_s, clock=clock, owns_stack=True)
 
     @classmethod
     def from_stack(
@@ -135,11 +137,10 @@ class Ledger(LedgerAccess):
         stack: LedgerStack,
         *,
         verdict_timeout: float = 10.0,
-        signing_keys: Mapping[str, bytes] | None = None,
         clock: Callable[[], datetime] = utcnow,
     ) -> Ledger:
         """A ledger on a stack the caller built and closes (tests, several runtimes on one)."""
-        return cls(stack, verdict_timeout=verdict_timeout, signing_keys=signing_keys, clock=clock)
+        return cls(stack, verdict_timeout=verdict_timeout, clock=clock)
 
     async def __aenter__(self) -> Self:
         return self

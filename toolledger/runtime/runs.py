@@ -283,7 +283,7 @@ class AgentRun:
             digest = tool.prepare(request.arguments).digest
         except ValueError:
             return None
-        calls = await self.ledger.stack.store.list_calls(
+        calls = await self.ledger.list_calls(
             CallQuery(tenant_id=self.tenant_id, run_id=self.run_id, tool=tool.name, limit=500)
         )
         twins = [c for c in calls if c.args_digest == digest and c.tool_call_id != request.id]
@@ -325,7 +325,7 @@ class AgentRun:
         return verdict
 
     async def _run_record(self) -> RunRecord:
-        run = await self.ledger.stack.store.get_run(self.run_id)
+        run = await self.ledger.read_run(self.run_id)
         if run is None:
             raise RunSuperseded.of_run(self.run_id, "the ledger has no such run")
         return run
@@ -389,7 +389,7 @@ async def resumable_runs(
     """
     yielded: set[tuple[str, str | None, object]] = set()
     while True:
-        runs = await ledger.stack.store.list_runs(PAUSED, tenant_id=tenant_id)
+        runs = await ledger.list_runs(PAUSED, tenant_id=tenant_id)
         for run in runs:
             mark = (run.run_id, run.waiting_on, run.updated_at)
             if mark in yielded:
