@@ -20,6 +20,7 @@ from datetime import timedelta
 from typing import TypeVar, assert_never
 
 from toolledger.events.models import (
+    CONTESTED_SINCE,
     CallAbandoned,
     CallApproved,
     CallCompensated,
@@ -148,8 +149,10 @@ class _Decision:
         self.call = call
         self.event = event
 
-    def reject(self, reason: Reason, detail: str) -> Verdict:
-        return self._verdict(False, reason, detail, self.call, self.run)
+    def reject(self, reason: Reason, detail: str, call: CallRecord | None = None) -> Verdict:
+        """A rejection; `call` is given only by the one rule that flags a record on rejecting
+        (a contradicting late outcome marks the call contested)."""
+        return self._verdict(False, reason, detail, call or self.call, self.run)
 
     def accept(
         self, detail: str, call: CallRecord | None = None, run: RunRecord | None = None
@@ -267,6 +270,13 @@ def _reserved(d: _Decision, e: CallReserved) -> Verdict:
         )
     if call.status == "completed":
         return d.reject("already_completed", f"{e.key} already completed; its result is recorded")
+    if call.contested:
+        return d.reject(
+            "contested",
+            f"{e.key} is contested: settled {call.status} by {call.settled_by}, then "
+            f"{call.contested_evidence}; it does not run again until an operator resolves it "
+            f"again (expected_version {call.version})",
+        )
     if call.status not in ("failed", "approved"):
         return d.reject(
             "held",
@@ -298,6 +308,37 @@ def _with_warning(detail: str, e: CallReserved) -> str:
     return detail if e.warning is None else f"{detail}; warning: {e.warning}"
 
 
+def _late(d: _Decision, e: CallEvent, call: CallRecord, detail: str) -> Verdict:
+    """A late outcome for the call's own reservation: rejected (a late outcome never overwrites
+    a settled one), and if it contradicts a settlement made by an operator or a reconcile hook
+    (schema v2 on), the call is flagged contested so the contradiction cannot be rerun away."""
+    if not _contradicts(call, e):
+        return d.reject("late_outcome", detail)
+    evidence = (
+        f"a late {e.type} from {getattr(e, 'source', 'runtime')} "
+        f"{e.producer.host}/{e.producer.pid} at {e.occurred_at.isoformat()} (event {e.event_id})"
+    )
+    flagged = d.update_call(contested=True, contested_evidence=evidence)
+    return d.reject(
+        "late_outcome",
+        f"{detail}; it contradicts the {call.settled_by}'s decision, so {e.key} is contested "
+        "until an operator decides again",
+        flagged,
+    )
+
+
+def _contradicts(call: CallRecord, e: CallEvent) -> bool:
+    if call.contested or e.schema_version < CONTESTED_SINCE:
+        return False
+    if call.settled_by not in ("operator", "reconcile"):
+        return False
+    if call.reservation_id != getattr(e, "reservation_id", None):
+        return False
+    if call.status == "failed":
+        return isinstance(e, CallCompleted)
+    return call.status == "completed" and isinstance(e, CallFailed)
+
+
 def _current(d: _Decision, e: CallEvent, reservation_id: object) -> Verdict | CallRecord:
     """The call record if `reservation_id` is its current reservation, else the rejection."""
     call = d.call
@@ -322,8 +363,10 @@ def _runtime_outcome(d: _Decision, e: CallCompleted | CallFailed | CallIndetermi
     if isinstance(call, Verdict):
         return call
     if call.status != "started":
-        return d.reject(
-            "late_outcome",
+        return _late(
+            d,
+            e,
+            call,
             f"{e.key} is already {call.status} (settled by {call.settled_by or 'nobody yet'}); "
             "this late outcome is kept as evidence and ignored",
         )
@@ -354,9 +397,8 @@ def _reconcile_finding(d: _Decision, e: CallCompleted | CallFailed | ReconcileAt
     if isinstance(call, Verdict):
         return call
     if call.status not in UNSETTLED:
-        return d.reject(
-            "late_outcome",
-            f"{e.key} is already {call.status}; this reconcile finding is kept as evidence",
+        return _late(
+            d, e, call, f"{e.key} is already {call.status}; this reconcile finding is kept as evidence"
         )
     if e.expected_version != call.version:
         return d.reject(
@@ -430,7 +472,8 @@ def _operator(
         "call_rejected": frozenset({"awaiting_approval"}),
         "compensation_requested": frozenset({"completed"}),
     }[e.type]
-    if call.status not in wanted:
+    contested_resolve = isinstance(e, CallResolved) and call.contested
+    if call.status not in wanted and not contested_resolve:
         return d.reject(
             "status_mismatch",
             f"{e.key} is {call.status} (version {call.version}); {e.type} needs it "
@@ -442,7 +485,9 @@ def _operator(
             f"{e.key} moved to version {call.version} ({call.status}); the operator saw "
             f"version {e.expected_version}",
         )
-    who = {"settled_by": "operator", "operator": e.operator, "reason": e.reason}
+    who: dict[str, object] = {"settled_by": "operator", "operator": e.operator, "reason": e.reason}
+    if contested_resolve:
+        who |= {"contested": False, "contested_evidence": None}
     match e:
         case CallResolved():
             open_until = call.deadline + CLOCK_SKEW_GRACE

@@ -25,7 +25,12 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 
 #: Version of the event schemas *and* of the decider's rules. A rule change that would fold an
 #: old log differently ships with a new version; the recorded-log fixture test guards it.
-SCHEMA_VERSION = 1
+#: Version 2: a late outcome that contradicts an operator's or reconcile hook's settlement
+#: flags the call contested (`CONTESTED_SINCE`); a v1 event never does, so v1 logs fold as
+#: they always did.
+SCHEMA_VERSION = 2
+#: The first event schema version whose late outcomes can contest a settled call.
+CONTESTED_SINCE = 2
 
 Source = Literal["runtime", "reconcile", "operator"]
 ResolvedOutcome = Literal["completed", "failed"]

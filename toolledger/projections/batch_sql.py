@@ -57,6 +57,8 @@ CALL_TYPES: dict[str, str] = {
     "operator": "text",
     "reason": "text",
     "reconcile_attempts": "integer",
+    "contested": "boolean",
+    "contested_evidence": "text",
     "created_at": "timestamptz",
     "updated_at": "timestamptz",
 }
