@@ -54,6 +54,7 @@ from toolledger.projections.memory import MemoryLedger
 from toolledger.projections.migrations import load_migrations, migrate
 from toolledger.projections.postgres import PostgresLedger
 from toolledger.projections.store import (
+    CallQuery,
     LedgerSnapshot,
     LedgerStore,
     OffsetConflict,
@@ -638,6 +639,38 @@ class TestLedgerStoreContract:
             "run_checkpointed",
             "run_paused",
         ]
+        await assert_same_ledger(ledger, log.reference)
+
+    async def test_a_contested_call_is_stored_listed_and_cleared(self, ledger: LedgerStore) -> None:
+        """A late completed that contradicts an operator's failed must survive in the store as
+        the contested flag (or the call could be rerun after a restart), be listed, and be
+        cleared only by a new resolve."""
+        log = Log()
+        r = reserve("r1", "c1", at(0), deadline=timedelta(seconds=10))
+        who = {"operator": "ops@acme", "reason": "nothing in billing", "outcome": "failed"}
+        decided = signed(event(CallResolved, "r1", "c1", at(60), expected_version=2, **who))
+        late = completed(r, at(61))
+        await log.feed(ledger, 0, r, outcome(CallIndeterminate, r, at(1), error="timeout"))
+        verdicts = await log.feed(ledger, 0, decided, late)
+        assert [(v.accepted, v.reason) for v in verdicts] == [
+            (True, "accepted"),
+            (False, "late_outcome"),
+        ]
+        call = await ledger.get_call("r1:c1")
+        assert call is not None and call == log.reference.calls["r1:c1"]
+        assert (call.status, call.contested, call.version) == ("failed", True, 4)
+        assert call.contested_evidence is not None and str(late.event_id) in call.contested_evidence
+        listed = await ledger.list_calls(CallQuery(tenant_id="acme", contested=True))
+        assert [c.key for c in listed] == ["r1:c1"]
+        rerun = await log.feed(ledger, 0, reserve("r1", "c1", at(62)))
+        assert rerun[0].reason == "contested"
+        again = {**who, "outcome": "completed", "reason": "found cr-1 after all"}
+        await log.feed(
+            ledger, 0, signed(event(CallResolved, "r1", "c1", at(63), expected_version=4, **again))
+        )
+        cleared = await ledger.get_call("r1:c1")
+        assert cleared is not None and (cleared.status, cleared.contested) == ("completed", False)
+        assert await ledger.list_calls(CallQuery(tenant_id="acme", contested=True)) == []
         await assert_same_ledger(ledger, log.reference)
 
     async def test_digest_equals_the_reference_fold(self, ledger: LedgerStore) -> None:

@@ -479,3 +479,26 @@ async def test_asking_again_finishes_a_compensation_an_interrupted_request_left_
     assert got.status_code == 200, got.text
     assert got.json()["record"]["status"] == "compensated"
     assert s.voided == [r.key]
+
+
+async def test_contested_calls_are_listed_and_a_new_resolve_settles_them(
+    api: httpx.AsyncClient, calls: s.Calls
+) -> None:
+    """The queue must show the calls whose settlement a late outcome contradicted, and the
+    operator's second decision must clear them (else they wait forever, unseen)."""
+    r = await calls.indeterminate("contest")
+    await calls.indeterminate("plain")
+    body = {"outcome": "failed", "reason": "nothing in billing"}
+    assert (await api.post(f"/v1/tool-executions/{r.key}/resolve", json=body)).status_code == 200
+    late = await calls.stack.commands.append_and_await(calls.completed_of(r), 10)
+    assert (late.accepted, late.reason) == (False, "late_outcome")
+    listed = (await api.get("/v1/tool-executions", params={"contested": "true"})).json()
+    assert [item["key"] for item in listed["items"]] == [r.key]
+    item = listed["items"][0]
+    assert item["contested"] is True and "call_completed" in item["contested_evidence"]
+    again = {"outcome": "completed", "reason": "found cr_1", "expected_version": item["version"]}
+    settled = await api.post(f"/v1/tool-executions/{r.key}/resolve", json=again)
+    assert settled.status_code == 200, settled.text
+    assert (settled.json()["status"], settled.json()["contested"]) == ("completed", False)
+    listed = (await api.get("/v1/tool-executions", params={"contested": "true"})).json()
+    assert listed["items"] == []

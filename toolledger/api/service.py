@@ -156,6 +156,7 @@ class OperatorService:
         statuses: frozenset[CallStatus] = frozenset(),
         tool: str | None = None,
         run_id: str | None = None,
+        contested: bool | None = None,
         limit: int = 50,
         cursor: str | None = None,
     ) -> Page:
@@ -169,6 +170,7 @@ class OperatorService:
             statuses=statuses,
             tool=tool,
             run_id=run_id,
+            contested=contested,
             after=decode_cursor(cursor) if cursor else None,
             limit=limit + 1,
         )

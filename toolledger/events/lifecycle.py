@@ -398,7 +398,10 @@ def _reconcile_finding(d: _Decision, e: CallCompleted | CallFailed | ReconcileAt
         return call
     if call.status not in UNSETTLED:
         return _late(
-            d, e, call, f"{e.key} is already {call.status}; this reconcile finding is kept as evidence"
+            d,
+            e,
+            call,
+            f"{e.key} is already {call.status}; this reconcile finding is kept as evidence",
         )
     if e.expected_version != call.version:
         return d.reject(

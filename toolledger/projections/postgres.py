@@ -185,6 +185,8 @@ def _list_calls_sql(query: CallQuery) -> tuple[str, list[Any]]:
         where.append(f"tool = {arg(query.tool)}")
     if query.run_id is not None:
         where.append(f"run_id = {arg(query.run_id)}")
+    if query.contested is not None:
+        where.append(f"contested = {arg(query.contested)}")
     if query.after is not None:
         at, key = query.after
         where.append(f"(updated_at, key) > ({arg(at)}::timestamptz, {arg(key)}::text)")

@@ -80,13 +80,15 @@ class CallQuery:
     first, and the key breaks ties so the order is total. `after` is the `(updated_at, key)` of
     the last call of the previous page (keyset pagination: a page never skips or repeats a call
     that did not change in between). `tenant_id=None` lists every tenant (admin tools only; the
-    operator API always passes the token's tenant). Empty `statuses` means any status.
+    operator API always passes the token's tenant). Empty `statuses` means any status;
+    `contested=True` lists only contested calls (False: only the others; None: both).
     """
 
     tenant_id: str | None
     statuses: frozenset[CallStatus] = frozenset()
     tool: str | None = None
     run_id: str | None = None
+    contested: bool | None = None
     after: tuple[datetime, str] | None = None
     limit: int = 50
 
@@ -96,6 +98,7 @@ class CallQuery:
             and (not self.statuses or call.status in self.statuses)
             and (self.tool is None or call.tool == self.tool)
             and (self.run_id is None or call.run_id == self.run_id)
+            and (self.contested is None or call.contested == self.contested)
             and (self.after is None or (call.updated_at, call.key) > self.after)
         )
 

@@ -27,6 +27,7 @@ __all__ = [
     "TenantMismatchError",
     "ToolArgumentsError",
     "ToolCallAwaitingApproval",
+    "ToolCallContested",
     "ToolCallError",
     "ToolCallFailed",
     "ToolCallInProgress",
@@ -137,6 +138,33 @@ class ToolCallIndeterminate(ToolCallError):
             "it took effect, so it will not be run again by itself. Look idempotency key "
             f"{record.key} up in the other system, then resolve it with "
             f"{resolve_command(record.key)}.",
+            key=record.key,
+            tool=name,
+        )
+        self.record = record
+
+
+class ToolCallContested(ToolCallIndeterminate):
+    """The call was settled, then evidence arrived that says otherwise; an operator decides.
+
+    A `ToolCallIndeterminate` (nobody can say what happened without looking), so every handler
+    of unknown calls (an `AgentRun` under `on_indeterminate: pause`) treats it the same way.
+    """
+
+    def __init__(self, record: CallRecord, *, tool: str | None = None) -> None:
+        name = tool or record.tool
+        who: str = record.settled_by or "nobody"
+        if record.operator is not None and record.settled_by == "operator":
+            who = f"operator {record.operator}"
+        why = f" ({record.reason})" if record.reason else ""
+        evidence = record.contested_evidence or "a late outcome contradicted it"
+        ToolCallError.__init__(
+            self,
+            f"call {call_label(name, record.key)} is contested: {who} settled it "
+            f"{record.status}{why}, but then {evidence}. It will not be run again until an "
+            f"operator decides again: look idempotency key {record.key} up in the other system, "
+            f"then resolve it with `toolledger executions resolve {record.key} --outcome "
+            f"completed|failed --reason ... --expected-version {record.version}`.",
             key=record.key,
             tool=name,
         )

@@ -5,6 +5,8 @@ rules, in the order `Ledger.call` applies them:
 
 - other arguments than recorded: `KeyConflictError`; the tool does not run;
 - `completed` (or compensated since): the recorded result, restored to the declared type;
+- `failed` and contested (a late outcome said it took effect): `ToolCallContested`, naming
+  the decision and the evidence; it does not run until an operator decides again;
 - `failed` or `approved`: nothing to answer here; the call reserves again and runs;
 - `awaiting_approval`: `ToolCallAwaitingApproval`;
 - `started` or `indeterminate`: nobody knows whether it took effect. If the tool has a reconcile
@@ -38,6 +40,7 @@ from toolledger.runtime.errors import (
     RunQuarantined,
     RunSuperseded,
     TenantMismatchError,
+    ToolCallContested,
     ToolCallIndeterminate,
     ToolCallInProgress,
     call_label,
@@ -66,6 +69,8 @@ async def replay_known(
         raise KeyConflictError(
             key=who.key, tool=tool.name, recorded=record.args_digest, given=prepared.digest
         )
+    if record.status == "failed" and record.contested:
+        raise ToolCallContested(record, tool=tool.name)
     if record.status in ("failed", "approved"):
         return None
     if record.status in ("started", "indeterminate"):
@@ -161,6 +166,8 @@ async def lost_reservation(
             return await _await_settled(io, tool, record)
         case "stale_driver" | "missing_run_version" | "unknown_run" | "run_finished":
             raise RunSuperseded(key=who.key, tool=tool.name, detail=verdict.detail)
+        case "contested" if record is not None:
+            raise ToolCallContested(record, tool=tool.name)
         case "quarantined":
             raise RunQuarantined(key=who.key, tool=tool.name, detail=verdict.detail)
         case "tenant_mismatch":
