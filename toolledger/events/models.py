@@ -203,6 +203,9 @@ class CallReserved(CallEvent):
     #: A warning the driver wants in the key's history (schema v2), e.g. a duplicate intent
     #: that policy allowed to run.
     warning: str | None = None
+    #: Arguments too large to travel inline (schema v3): the SHA-256 of their text, stored as a
+    #: blob in the ledger before this event was appended; `arguments_json` is then "".
+    arguments_blob: str | None = None
 
 
 class CallCompleted(CallEvent):
