@@ -217,6 +217,9 @@ class CallCompleted(CallEvent):
     result_reference: str | None = None
     source: Literal["runtime", "reconcile"] = "runtime"
     expected_version: Long | None = None
+    #: A result too large to travel inline (schema v2): the SHA-256 of its text, stored as a
+    #: blob in the ledger before this event was appended; `result_json` is then "".
+    result_blob: str | None = None
 
 
 class CallFailed(CallEvent):
@@ -278,6 +281,9 @@ class CallResolved(OperatorEvent):
     outcome: ResolvedOutcome
     value_json: str | None = None
     result_reference: str | None = None
+    #: A value too large to travel inline (schema v2), as `CallCompleted.result_blob`. The
+    #: signature covers the digest, which covers the text.
+    value_blob: str | None = None
 
 
 class CallApproved(OperatorEvent):
@@ -334,6 +340,8 @@ class RunCheckpointed(RunEvent):
     expected_version: Long
     tool_call_ids: tuple[str, ...] = ()
     state_json: str = "{}"
+    #: A transcript too large to travel inline (schema v2), as `CallCompleted.result_blob`.
+    state_blob: str | None = None
 
 
 class RunPaused(RunEvent):
