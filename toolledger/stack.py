@@ -16,8 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from toolledger.events.kafka import KafkaLog
-from toolledger.events.log import EventLog
+from toolledger.events.log import DEFAULT_MAX_RECORD_BYTES, EventLog
 from toolledger.events.memory import MemoryBroker
+from toolledger.events.payloads import PayloadLimits
 from toolledger.events.records import Verdict
 from toolledger.projections.commands import LedgerCommands
 from toolledger.projections.facts import FactsPublisher
@@ -64,9 +65,13 @@ class LedgerStack:
         partitions: int = 4,
         signing_keys: dict[str, bytes] | None = None,
         broker: MemoryBroker | None = None,
+        limits: PayloadLimits | None = None,
+        max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
     ) -> LedgerStack:
+        """The embedded stack. `limits` and `max_record_bytes` are the same settings, with the
+        same defaults, as against Kafka: the memory log refuses what Kafka would refuse."""
         broker = broker or MemoryBroker()
-        events = broker.log("toolledger.events")
+        events = broker.log("toolledger.events", max_record_bytes)
         await events.ensure_topic(partitions)
         facts = broker.log("toolledger.ledger")
         dlq = broker.log("toolledger.events.dlq")
@@ -84,7 +89,7 @@ class LedgerStack:
             on_verdicts=_hint_waiter(waiter),
             fetch_wait_ms=50,
         )
-        commands = LedgerCommands(events, waiter)
+        commands = LedgerCommands(events, waiter, store, limits)
         reads = CallReads(StoreReads(store))
         stack = cls(events, facts, dlq, store, waiter, commands, reads, projector)
         await waiter.start()
@@ -96,9 +101,15 @@ class LedgerStack:
         cls, settings: Settings, *, run_projector: bool = False, create_topics: bool = True
     ) -> LedgerStack:
         database_url, bootstrap = settings.require_services()
-        events = KafkaLog(bootstrap, settings.events_topic)
-        facts = KafkaLog(bootstrap, settings.facts_topic, max_batch_size=FACTS_BATCH_BYTES)
-        dlq = KafkaLog(bootstrap, settings.dlq_topic)
+        size = settings.max_record_bytes
+        events = KafkaLog(bootstrap, settings.events_topic, max_record_bytes=size)
+        facts = KafkaLog(
+            bootstrap,
+            settings.facts_topic,
+            max_batch_size=FACTS_BATCH_BYTES,
+            max_record_bytes=size,
+        )
+        dlq = KafkaLog(bootstrap, settings.dlq_topic, max_record_bytes=size)
         for topic in (events, facts, dlq):
             await topic.start()
         if create_topics:
@@ -132,7 +143,7 @@ class LedgerStack:
                 fetch_wait_ms=settings.fetch_wait_ms,
                 identity_interval=settings.identity_check_s,
             )
-        commands = LedgerCommands(events, waiter)
+        commands = LedgerCommands(events, waiter, store, settings.payload_limits())
         stack = cls(events, facts, dlq, store, waiter, commands, call_reads, projector)
         stack._listeners.append(listener)
         stack._reads.append(reads)

@@ -208,7 +208,7 @@ def ledger_digest(
         h.update(canonical_json(call.ledger_form()).encode())
     h.update(b"|runs|")
     for run in sorted(runs, key=lambda r: r.run_id):
-        h.update(canonical_json(run.model_dump(mode="json")).encode())
+        h.update(canonical_json(run.ledger_form()).encode())
     h.update(b"|history|")
     for entry in sorted(history, key=lambda e: (e.partition, e.offset)):
         h.update(canonical_json(entry.model_dump(mode="json")).encode())

@@ -256,6 +256,7 @@ def _reserved(d: _Decision, e: CallReserved) -> Verdict:
             reservation_id=e.reservation_id,
             args_digest=e.args_digest,
             arguments_json=e.arguments_json,
+            arguments_blob=e.arguments_blob,
             requires_approval=e.requires_approval,
             deadline=e.deadline,
             created_at=e.occurred_at,
@@ -290,11 +291,13 @@ def _reserved(d: _Decision, e: CallReserved) -> Verdict:
         tool=e.tool,
         effect=e.effect,
         arguments_json=e.arguments_json,
+        arguments_blob=e.arguments_blob,
         requires_approval=e.requires_approval,
         deadline=e.deadline,
         not_attempted=False,
         result_json=None,
         result_reference=None,
+        result_blob=None,
         error=None,
         settled_by=None,
         operator=call.operator if approved else None,
@@ -376,6 +379,7 @@ def _runtime_outcome(d: _Decision, e: CallCompleted | CallFailed | CallIndetermi
                 status="completed",
                 result_json=e.result_json,
                 result_reference=e.result_reference,
+                result_blob=e.result_blob,
                 settled_by="runtime",
             )
         case CallFailed():
@@ -422,6 +426,7 @@ def _reconcile_finding(d: _Decision, e: CallCompleted | CallFailed | ReconcileAt
                 status="completed",
                 result_json=e.result_json,
                 result_reference=e.result_reference,
+                result_blob=e.result_blob,
                 settled_by="reconcile",
                 error=None,
             )
@@ -505,6 +510,7 @@ def _operator(
                     status="completed",
                     result_json=e.value_json if e.value_json is not None else "null",
                     result_reference=e.result_reference,
+                    result_blob=e.value_blob,
                     **who,
                 )
             else:
@@ -572,6 +578,7 @@ def _run_event(
                 "status": "running",
                 "checkpoint_calls": e.tool_call_ids,
                 "state_json": e.state_json,
+                "state_blob": e.state_blob,
                 "waiting_on": None,
             }
         case RunPaused():

@@ -260,6 +260,10 @@ class ReconcileAttempted(CallEvent):
     detail: str = ""
 
 
+#: Operator-event fields added after v1 (see `OperatorEvent.signing_body`).
+_SIGNED_SINCE_V1 = ("value_blob",)
+
+
 class OperatorEvent(CallEvent):
     """A decision by a person, signed by the operator API so a runtime cannot forge one."""
 
@@ -269,8 +273,16 @@ class OperatorEvent(CallEvent):
     signature: Signature | None = None
 
     def signing_body(self) -> bytes:
-        """The bytes the signature covers: the canonical JSON of everything but the signature."""
+        """The bytes the signature covers: the canonical JSON of everything but the signature.
+
+        Fields added after v1 are left out while they are None, so the body of an event that
+        does not use them is byte for byte what it was when it was signed, and old signatures
+        in the log still verify after an upgrade.
+        """
         body = self.model_dump(mode="json", exclude={"signature"})
+        for name in _SIGNED_SINCE_V1:
+            if body.get(name, 0) is None:
+                del body[name]
         return canonical_json(body).encode()
 
 

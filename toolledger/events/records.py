@@ -98,6 +98,10 @@ class CallRecord(BaseModel):
     #: not rerunnable until an operator decides again. `contested_evidence` says what arrived.
     contested: bool = False
     contested_evidence: str | None = None
+    #: Arguments / result stored by reference (SHA-256 of the text, `toolledger.events.payloads`);
+    #: the text field is then "" until a reader restores it from the blob.
+    arguments_blob: str | None = None
+    result_blob: str | None = None
     created_at: datetime
     updated_at: datetime
 
@@ -113,7 +117,8 @@ class CallRecord(BaseModel):
 
 
 #: CallRecord fields added after schema v1; `ledger_form` leaves them out at their defaults.
-_CALL_FIELDS_SINCE_V1 = ("contested", "contested_evidence")
+_CALL_FIELDS_SINCE_V1 = ("contested", "contested_evidence", "arguments_blob", "result_blob")
+_RUN_FIELDS_SINCE_V1 = ("state_blob",)
 
 
 def _without_new_defaults(record: BaseModel, added: tuple[str, ...]) -> dict[str, Any]:
@@ -142,11 +147,17 @@ class RunRecord(BaseModel):
     agent: str = ""
     checkpoint_calls: tuple[str, ...] = ()
     state_json: str = "{}"
+    #: The transcript stored by reference (as `CallRecord.result_blob`); `state_json` is then "".
+    state_blob: str | None = None
     waiting_on: str | None = None
     abandoned: tuple[str, ...] = ()
     quarantined: bool = False
     quarantine_reason: str | None = None
     updated_at: datetime | None = None
+
+    def ledger_form(self) -> dict[str, Any]:
+        """As `CallRecord.ledger_form`: the fields added after v1 left out at their defaults."""
+        return _without_new_defaults(self, _RUN_FIELDS_SINCE_V1)
 
 
 class Verdict(BaseModel):

@@ -226,6 +226,16 @@ class LedgerStore(ABC):
         return count_calls((await self.snapshot()).calls.values(), now, older_than)
 
     @abstractmethod
+    async def put_blobs(self, blobs: Mapping[str, bytes]) -> None:
+        """Store payloads by their digest (`toolledger.events.payloads.digest_of`), durably,
+        before the event that references them is appended. Content-addressed: storing a blob
+        again changes nothing. Blobs are never changed or removed."""
+
+    @abstractmethod
+    async def get_blobs(self, digests: Collection[str]) -> dict[str, bytes]:
+        """The stored payloads among `digests`; a digest with no blob is left out."""
+
+    @abstractmethod
     async def facts_since(self, partition: int, offset: int, limit: int) -> list[Fact]:
         """The verdicts of `partition` from `offset` on, with their events, in log order: what
         a new owner republishes to the facts topic (at most `limit`)."""

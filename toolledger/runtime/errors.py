@@ -26,6 +26,7 @@ __all__ = [
     "RunSuperseded",
     "TenantMismatchError",
     "ToolArgumentsError",
+    "ToolArgumentsTooLarge",
     "ToolCallAwaitingApproval",
     "ToolCallContested",
     "ToolCallError",
@@ -35,6 +36,7 @@ __all__ = [
     "ToolFailedError",
     "ToolNotAttemptedError",
     "ToolResultUnreadable",
+    "ToolResultUnrecordable",
 ]
 
 
@@ -84,6 +86,23 @@ class ToolArgumentsError(ToolCallError, ValueError):
             key=key,
             tool=tool,
         )
+
+
+class ToolArgumentsTooLarge(ToolArgumentsError):
+    """The arguments are larger than toolledger records; nothing was reserved or run."""
+
+    def __init__(self, *, key: str, tool: str, size: int, limit: int) -> None:
+        ToolCallError.__init__(
+            self,
+            f"call {call_label(tool, key)} was not made: its arguments are {size} bytes, more "
+            f"than the {limit} bytes toolledger records (TOOLLEDGER_PAYLOAD_MAX_BYTES). Pass a "
+            "reference to the data (an id, a URL) instead of the data; nothing was reserved or "
+            "run.",
+            key=key,
+            tool=tool,
+        )
+        self.size = size
+        self.limit = limit
 
 
 class KeyConflictError(ToolCallError):
@@ -169,6 +188,28 @@ class ToolCallContested(ToolCallIndeterminate):
             tool=name,
         )
         self.record = record
+
+
+class ToolResultUnrecordable(ToolCallIndeterminate):
+    """The tool ran, and its outcome could not be recorded; the call is recorded indeterminate.
+
+    A `ToolCallIndeterminate`: the effect may well have happened, so nothing runs it again, and
+    an `AgentRun` under `on_indeterminate: pause` pauses on it like on any unknown call.
+    """
+
+    def __init__(self, record: CallRecord, *, tool: str, why: str) -> None:
+        ToolCallError.__init__(
+            self,
+            f"call {call_label(tool, record.key)} ran, but its outcome could not be recorded: "
+            f"{why}. It is recorded indeterminate and will not run again by itself. Look "
+            f"idempotency key {record.key} up in the other system, then resolve it with "
+            f"{resolve_command(record.key)} (a completed resolution may carry a smaller value, "
+            "or none).",
+            key=record.key,
+            tool=tool,
+        )
+        self.record = record
+        self.why = why
 
 
 class ToolCallFailed(ToolCallError):

@@ -233,6 +233,7 @@ class AgentRun:
                     )
                 warning = f"duplicate intent of {twin.key} ({twin.status}), allowed by policy"
             elif twin is not None and twin.key == self._held_on and twin.status == "completed":
+                twin = await self.ledger.stack.commands.restored_call(twin)
                 self._answer(request, "completed", twin.result_json or "null", twin.key)
                 return None
         try:
@@ -251,7 +252,7 @@ class AgentRun:
             return self._error(request, f"the call failed: {exc}")
         except ToolCallAwaitingApproval as exc:
             return _Pause("awaiting_approval", key, str(exc))
-        except (KeyConflictError, ToolArgumentsError) as exc:
+        except (KeyConflictError, ToolArgumentsError) as exc:  # ToolArgumentsTooLarge included
             return self._error(request, str(exc))
         if outcome.status == "completed":
             result = outcome.record.result_json if outcome.record is not None else None
@@ -333,7 +334,7 @@ class AgentRun:
         run = await self.ledger.stack.store.get_run(self.run_id)
         if run is None:
             raise RunSuperseded(key=self.run_id, tool="-", detail=f"no run {self.run_id}")
-        return run
+        return await self.ledger.stack.commands.restored_run(run)
 
     def _envelope(self) -> dict[str, Any]:
         return {
