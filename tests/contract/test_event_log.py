@@ -316,7 +316,6 @@ class EventLogTestCase(ABC):
         with pytest.raises(LogError, match=r"partition 2 of \S+ does not exist"):
             await logs.reader(log, {2: 0})
 
-
     async def test_an_oversized_record_is_refused_permanently_and_never_lands(
         self, logs: Logs
     ) -> None:

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import pytest
 
 from tests.contract.runtime_harness import KEY_ID, SECRET, Clock, Harness
@@ -67,6 +68,23 @@ async def _call(h: Harness, rows: int = 2, call_id: str = "c1") -> object:
 
 
 class LargePayloadScenarios:
+    async def refuse_blobs(self, h: Harness) -> None:
+        """Make the ledger store refuse every new blob (not unreachable: it answers no)."""
+        raise NotImplementedError
+
+    async def test_a_result_the_blob_store_refuses_leaves_the_call_indeterminate(
+        self, h: Harness
+    ) -> None:
+        """A refusal from the store is as permanent as a size limit: retrying it forever
+        would hang the call again."""
+        await self.refuse_blobs(h)
+        with pytest.raises(ToolResultUnrecordable, match="refused") as raised:
+            await _call(h)
+        assert "r1:c1" in str(raised.value)
+        record = await h.record("r1:c1", "indeterminate")
+        assert record.error is not None and "refused" in record.error
+        assert ran["export_report"] == 1
+
     async def test_a_2_mb_result_is_recorded_by_reference_and_returned(self, h: Harness) -> None:
         """The call that hung: it must return, be recorded completed, and replay from the
         ledger without running the tool again."""
@@ -164,6 +182,12 @@ class TestMemoryLargePayloads(LargePayloadScenarios):
         yield Harness(ledger, ledger.stack, service, clock, tmp_path)
         await ledger.close()
 
+    async def refuse_blobs(self, h: Harness) -> None:
+        async def refuse(_blobs: object) -> None:
+            raise asyncpg.CheckViolationError("new row violates check constraint")
+
+        h.stack.store.put_blobs = refuse  # type: ignore[method-assign,assignment]
+
 
 class TestKafkaPostgresLargePayloads(LargePayloadScenarios):
     @pytest.fixture
@@ -190,6 +214,17 @@ class TestKafkaPostgresLargePayloads(LargePayloadScenarios):
         yield Harness(ledger, stack, service, clock, tmp_path, settings)
         await ledger.close()
         await stack.close()
+
+    async def refuse_blobs(self, h: Harness) -> None:
+        """A real refusal by PostgreSQL: a constraint no payload satisfies."""
+        assert h.settings is not None and h.settings.database_url is not None
+        conn = await asyncpg.connect(
+            h.settings.database_url, server_settings={"search_path": h.settings.schema_name}
+        )
+        try:
+            await conn.execute("ALTER TABLE payload_blobs ADD CONSTRAINT tiny CHECK (size < 10)")
+        finally:
+            await conn.close()
 
 
 del LargePayloadScenarios

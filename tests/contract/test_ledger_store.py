@@ -48,6 +48,7 @@ from toolledger.events.models import (
     call_key,
     canonical_json,
 )
+from toolledger.events.payloads import digest_of
 from toolledger.events.records import Verdict
 from toolledger.projections.facts import Fact
 from toolledger.projections.memory import MemoryLedger
@@ -673,6 +674,18 @@ class TestLedgerStoreContract:
         assert await ledger.list_calls(CallQuery(tenant_id="acme", contested=True)) == []
         await assert_same_ledger(ledger, log.reference)
 
+    async def test_blobs_are_content_addressed_and_read_back_byte_for_byte(
+        self, ledger: LedgerStore
+    ) -> None:
+        """A payload stored by reference must read back exactly, a resend must change nothing,
+        and an unknown digest must be absent rather than an error or an empty payload."""
+        data = ('"' + "é" * 50_000 + '"').encode()
+        digest = digest_of(data)
+        await ledger.put_blobs({digest: data})
+        await ledger.put_blobs({digest: data})
+        assert await ledger.get_blobs([digest, "0" * 64]) == {digest: data}
+        assert await ledger.get_blobs([]) == {}
+
     async def test_digest_equals_the_reference_fold(self, ledger: LedgerStore) -> None:
         """Replaying the log into an empty ledger must give the same digest as the fold."""
         log = Log()
@@ -866,7 +879,8 @@ class TestPostgresLedger(TestLedgerStoreContract):
                 records=[tuple(getattr(h, c) for c in columns) for h in fold.history],
                 columns=columns,
             )
-            assert await migrate(conn, pg_schema) == [4]
+            upto_4 = [m for m in load_migrations() if m.version <= 4]
+            assert await migrate(conn, pg_schema, upto_4) == [4]
             rows = await conn.fetch(
                 'SELECT chain_hash FROM tool_execution_history ORDER BY partition, "offset"'
             )
@@ -875,6 +889,21 @@ class TestPostgresLedger(TestLedgerStoreContract):
         expected = sorted(fold.history, key=lambda h: (h.partition, h.offset))
         assert [r["chain_hash"] for r in rows] == [h.chain_hash for h in expected]
         assert len({h.chain_hash for h in expected}) == len(expected)
+
+    async def test_a_stored_blob_cannot_be_changed_or_removed(
+        self, store: PostgresLedger, pg_dsn: str, pg_schema: str
+    ) -> None:
+        """A blob is evidence like the history: rewriting it would change what a digest in the
+        log stands for."""
+        data = b'"evidence"'
+        await store.put_blobs({digest_of(data): data})
+        conn = await asyncpg.connect(pg_dsn, server_settings={"search_path": pg_schema})
+        try:
+            for statement in ("UPDATE payload_blobs SET data = 'x'", "DELETE FROM payload_blobs"):
+                with pytest.raises(asyncpg.RaiseError, match="append-only"):
+                    await conn.execute(statement)
+        finally:
+            await conn.close()
 
     async def test_verdicts_are_announced_on_commit(
         self, store: PostgresLedger, pg_dsn: str

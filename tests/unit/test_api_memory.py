@@ -8,6 +8,7 @@ compensation paths, the body limit, health and metrics.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 
 import httpx
@@ -20,7 +21,7 @@ from toolledger.api.app import close_stack
 from toolledger.api.service import OperatorService
 from toolledger.api.tokens import MemoryTokens
 from toolledger.events.lifecycle import sign
-from toolledger.events.models import CompensationRequested
+from toolledger.events.models import CompensationRequested, canonical_json
 from toolledger.settings import ConfigError, Settings
 from toolledger.stack import LedgerStack
 
@@ -502,3 +503,23 @@ async def test_contested_calls_are_listed_and_a_new_resolve_settles_them(
     assert (settled.json()["status"], settled.json()["contested"]) == ("completed", False)
     listed = (await api.get("/v1/tool-executions", params={"contested": "true"})).json()
     assert listed["items"] == []
+
+
+async def test_a_result_stored_by_reference_reads_back_as_if_inline(
+    api: httpx.AsyncClient, calls: s.Calls
+) -> None:
+    """The API must show a large result, not the empty placeholder its record holds, and the
+    history must show the request as appended with its payload restored."""
+    big = {"rows": ["r" * 1000] * 200}  # 200 KB: over the 64 KB inline threshold
+    r = await calls.reserve("by-ref")
+    record = await calls.apply(
+        calls.completed_of(r).model_copy(update={"result_json": canonical_json(big)})
+    )
+    assert record is not None and record.result_blob is not None and record.result_json == ""
+    shown = (await api.get(f"/v1/tool-executions/{r.key}")).json()
+    assert shown["record"]["result"] == big
+    completed = [h for h in shown["history"] if h["event_type"] == "call_completed"]
+    assert json.loads(completed[0]["event"]["result_json"]) == big
+    assert completed[0]["event"]["result_blob"] == record.result_blob
+    listed = (await api.get("/v1/tool-executions", params={"run_id": r.run_id})).json()
+    assert listed["items"][0]["result"] == big

@@ -19,9 +19,12 @@ import time
 from collections.abc import Collection
 from typing import TypeVar
 
+from pydantic import TypeAdapter
+
 from toolledger.events.codec import encode
+from toolledger.events.fold import HistoryEntry
 from toolledger.events.log import EventLog, LogError, Position, RecordTooLarge
-from toolledger.events.models import Event, OperatorEvent
+from toolledger.events.models import AnyEvent, Event, OperatorEvent
 from toolledger.events.payloads import (
     PayloadError,
     PayloadLimits,
@@ -43,6 +46,7 @@ log = logging.getLogger("toolledger.commands")
 
 
 E = TypeVar("E", bound=Event)
+_EVENT: TypeAdapter[Event] = TypeAdapter(AnyEvent)
 
 
 class LedgerCommands:
@@ -153,6 +157,15 @@ class LedgerCommands:
         """The event with its referenced payloads back in place (audit, history views)."""
         digests = event_blobs(event)
         return restore_event(event, await self._blobs(digests)) if digests else event
+
+    async def restored_entry(self, entry: HistoryEntry) -> HistoryEntry:
+        """A history entry whose event shows its referenced payloads (a view: `chain_hash` stays
+        the stored one, over the event as logged)."""
+        if '_blob":' not in entry.event_json:
+            return entry
+        event = _EVENT.validate_json(entry.event_json)
+        restored = await self.restored_event(event)
+        return entry.model_copy(update={"event_json": restored.history_json()})
 
     async def restored_verdict(self, verdict: Verdict) -> Verdict:
         """The verdict with its call's payloads back in place."""
