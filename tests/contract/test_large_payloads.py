@@ -27,6 +27,8 @@ from toolledger import Ledger, Settings, ToolCallIndeterminate, ToolContext, Too
 from toolledger.events.models import RunCheckpointed, RunStarted
 from toolledger.events.payloads import PayloadLimits, PayloadUnavailable, digest_of, restore_call
 from toolledger.runtime.errors import ToolArgumentsTooLarge, ToolResultUnrecordable
+from toolledger.projections.postgres import PostgresLedger
+from toolledger.projections.replay import copy_blobs, replay
 from toolledger.stack import LedgerStack
 
 #: Small limits, the same on both ledgers, so "over the maximum" needs no gigabytes.
@@ -214,6 +216,36 @@ class TestKafkaPostgresLargePayloads(LargePayloadScenarios):
         yield Harness(ledger, stack, service, clock, tmp_path, settings)
         await ledger.close()
         await stack.close()
+
+    async def test_a_replay_folds_the_same_ledger_without_blobs_then_copies_them(
+        self, h: Harness
+    ) -> None:
+        """Dropping the projection and replaying the log must give the same ledger; the log
+        holds only digests, so the blobs are copied from the live store and checked."""
+        await _call(h)
+        live = await h.record("r1:c1", "completed")
+        assert h.settings is not None and h.settings.database_url is not None
+        schema = f"{h.settings.schema_name}_replay"
+        fresh = PostgresLedger(h.settings.database_url, schema, signing_keys={})
+        await fresh.start()
+        try:
+            states = [await h.stack.store.partition_state(p) for p in range(2)]
+            targets = {s.partition: s.next_offset for s in states if s is not None}
+            report = await replay(h.stack.events, fresh, targets=targets)
+            assert report.replay_digest == await h.stack.store.digest()
+            replayed = await fresh.get_call("r1:c1")
+            assert replayed == live and live.result_blob is not None
+            assert await fresh.get_blobs([live.result_blob]) == {}
+            assert await copy_blobs(h.stack.store, fresh) == []
+            blobs = await fresh.get_blobs([live.result_blob])
+            assert json.loads(restore_call(live, blobs).result_json or "") == TWO_MB
+        finally:
+            await fresh.close()
+            conn = await asyncpg.connect(h.settings.database_url)
+            try:
+                await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+            finally:
+                await conn.close()
 
     async def refuse_blobs(self, h: Harness) -> None:
         """A real refusal by PostgreSQL: a constraint no payload satisfies."""
