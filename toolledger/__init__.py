@@ -28,7 +28,9 @@ from toolledger.runtime.errors import (
     RunSuperseded,
     TenantMismatchError,
     ToolArgumentsError,
+    ToolArgumentsTooLarge,
     ToolCallAwaitingApproval,
+    ToolCallContested,
     ToolCallError,
     ToolCallFailed,
     ToolCallIndeterminate,
@@ -36,6 +38,7 @@ from toolledger.runtime.errors import (
     ToolFailedError,
     ToolNotAttemptedError,
     ToolResultUnreadable,
+    ToolResultUnrecordable,
 )
 from toolledger.runtime.ledger import Ledger
 from toolledger.runtime.outcome import ToolOutcome
@@ -55,7 +58,9 @@ __all__ = [
     "TenantMismatchError",
     "Tool",
     "ToolArgumentsError",
+    "ToolArgumentsTooLarge",
     "ToolCallAwaitingApproval",
+    "ToolCallContested",
     "ToolCallError",
     "ToolCallFailed",
     "ToolCallInProgress",
@@ -66,6 +71,7 @@ __all__ = [
     "ToolNotAttemptedError",
     "ToolOutcome",
     "ToolResultUnreadable",
+    "ToolResultUnrecordable",
     "Toolset",
     "destructive",
     "external",

@@ -18,7 +18,9 @@ FROZEN = [
     "TenantMismatchError",
     "Tool",
     "ToolArgumentsError",
+    "ToolArgumentsTooLarge",
     "ToolCallAwaitingApproval",
+    "ToolCallContested",
     "ToolCallError",
     "ToolCallFailed",
     "ToolCallInProgress",
@@ -29,6 +31,7 @@ FROZEN = [
     "ToolNotAttemptedError",
     "ToolOutcome",
     "ToolResultUnreadable",
+    "ToolResultUnrecordable",
     "Toolset",
     "destructive",
     "external",
@@ -61,6 +64,9 @@ def test_errors_raised_about_a_call_share_one_base() -> None:
         "TenantMismatchError",
         "ToolArgumentsError",
         "ToolResultUnreadable",
+        "ToolCallContested",
+        "ToolResultUnrecordable",
+        "ToolArgumentsTooLarge",
     ):
         assert issubclass(getattr(toolledger, name), toolledger.ToolCallError), name
     assert issubclass(toolledger.TenantMismatchError, PermissionError)
