@@ -26,9 +26,9 @@ from tests.fake_billing import FakeBilling, use_service
 from toolledger import Ledger, Settings, ToolCallIndeterminate, ToolContext, Toolset, write
 from toolledger.events.models import RunCheckpointed, RunStarted
 from toolledger.events.payloads import PayloadLimits, PayloadUnavailable, digest_of, restore_call
-from toolledger.runtime.errors import ToolArgumentsTooLarge, ToolResultUnrecordable
 from toolledger.projections.postgres import PostgresLedger
 from toolledger.projections.replay import copy_blobs, replay
+from toolledger.runtime.errors import ToolArgumentsTooLarge, ToolResultUnrecordable
 from toolledger.stack import LedgerStack
 
 #: Small limits, the same on both ledgers, so "over the maximum" needs no gigabytes.
