@@ -23,7 +23,15 @@ import pytest
 
 from tests.contract.runtime_harness import KEY_ID, SECRET, Clock, Harness
 from tests.fake_billing import FakeBilling, use_service
-from toolledger import Ledger, Settings, ToolCallIndeterminate, ToolContext, Toolset, write
+from toolledger import (
+    Ledger,
+    Settings,
+    ToolCallIndeterminate,
+    ToolContext,
+    ToolFailedError,
+    Toolset,
+    write,
+)
 from toolledger.events.models import RunCheckpointed, RunStarted
 from toolledger.events.payloads import PayloadLimits, PayloadUnavailable, digest_of, restore_call
 from toolledger.projections.postgres import PostgresLedger
@@ -51,6 +59,13 @@ async def store_document(body: str, context: ToolContext) -> int:
     """Takes large arguments, returns their length."""
     ran["store_document"] += 1
     return len(body)
+
+
+@big.tool(write())
+async def refuse_loudly(context: ToolContext) -> None:
+    """Refuses with a 2 MB error message."""
+    ran["refuse_loudly"] += 1
+    raise ToolFailedError("no: " + "e" * (2 * 1024 * 1024))
 
 
 @pytest.fixture(autouse=True)
@@ -160,6 +175,17 @@ class LargePayloadScenarios:
         with pytest.raises(ToolArgumentsTooLarge, match=str(LIMITS.max_bytes)):
             await store("c2", "z" * (4 * 1024 * 1024))
         assert await h.stack.store.get_call("r1:c2") is None and ran["store_document"] == 1
+
+    async def test_a_huge_error_message_is_cut_and_the_failure_recorded(self, h: Harness) -> None:
+        """An error text is for people: cut, so the outcome is recorded rather than hung."""
+        async with asyncio.timeout(30):
+            outcome = await h.ledger.call(
+                refuse_loudly, run_id="r1", tool_call_id="c1", tenant_id="acme", arguments={}
+            )
+        assert outcome.status == "failed"
+        record = await h.record("r1:c1", "failed")
+        assert record.error is not None and len(record.error) < 10_000
+        assert "more characters not recorded" in record.error
 
     async def test_a_long_transcript_is_checkpointed_by_reference(self, h: Harness) -> None:
         """RunCheckpointed carries the whole transcript; a long run hit the same wall."""

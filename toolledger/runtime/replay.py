@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 
 from toolledger.events.lifecycle import CLOCK_SKEW_GRACE
 from toolledger.events.models import CallCompleted, CallEvent, CallFailed
+from toolledger.events.payloads import bounded_text
 from toolledger.events.records import CallRecord, Verdict
 from toolledger.runtime.access import LedgerAccess
 from toolledger.runtime.context import ToolContext
@@ -100,7 +101,7 @@ async def _reconcile(
             finding = CallFailed(
                 **envelope,
                 reservation_id=record.reservation_id,
-                error=found.detail or "the reconcile hook found no effect",
+                error=bounded_text(found.detail) or "the reconcile hook found no effect",
                 source="reconcile",
                 expected_version=record.version,
             )
