@@ -82,8 +82,8 @@ def expected(ledger: LedgerFold) -> dict[str, object]:
     return {
         "schema_version": SCHEMA_VERSION,
         "digest": ledger.digest(),
-        "calls": {k: c.model_dump(mode="json") for k, c in sorted(ledger.calls.items())},
-        "runs": {k: r.model_dump(mode="json") for k, r in sorted(ledger.runs.items())},
+        "calls": {k: c.ledger_form() for k, c in sorted(ledger.calls.items())},
+        "runs": {k: r.ledger_form() for k, r in sorted(ledger.runs.items())},
         "history": [
             [h.offset, h.key, h.event_type, h.accepted, h.reason, h.version] for h in ledger.history
         ],

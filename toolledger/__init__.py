@@ -45,7 +45,9 @@ from toolledger.runtime.errors import (
     RunSuperseded,
     TenantMismatchError,
     ToolArgumentsError,
+    ToolArgumentsTooLarge,
     ToolCallAwaitingApproval,
+    ToolCallContested,
     ToolCallError,
     ToolCallFailed,
     ToolCallIndeterminate,
@@ -53,6 +55,7 @@ from toolledger.runtime.errors import (
     ToolFailedError,
     ToolNotAttemptedError,
     ToolResultUnreadable,
+    ToolResultUnrecordable,
 )
 from toolledger.runtime.ledger import Ledger
 from toolledger.runtime.outcome import ToolOutcome
@@ -105,7 +108,9 @@ __all__ = [
     "TenantMismatchError",
     "Tool",
     "ToolArgumentsError",
+    "ToolArgumentsTooLarge",
     "ToolCallAwaitingApproval",
+    "ToolCallContested",
     "ToolCallError",
     "ToolCallFailed",
     "ToolCallInProgress",
@@ -119,6 +124,7 @@ __all__ = [
     "ToolOutcome",
     "ToolPolicy",
     "ToolResultUnreadable",
+    "ToolResultUnrecordable",
     "Toolset",
     "TopicMissing",
     "VerifyKeys",

@@ -3,7 +3,9 @@
 An auditor should not have to trust the projection to learn what was asked: `story()` reads the
 run's partition of `toolledger.events` from offset 1, decodes every request of the key (or run),
 and pairs each with the verdict the projector recorded for its event_id. A request the ledger
-never decided shows as "no verdict", which is itself a finding.
+never decided shows as "no verdict", which is itself a finding. Payloads that travel by
+reference are restored from the store's blobs and checked against their digests; a missing or
+altered blob is reported on its entry (`payload_problem`), which is a finding too.
 
 `as_of_targets()` finds, per partition, the first offset appended after a given time, so
 `replay(..., targets=...)` can rebuild the ledger exactly as it stood then.
@@ -19,6 +21,7 @@ from toolledger.events.codec import DecodeError, decode
 from toolledger.events.fold import actor_of
 from toolledger.events.log import EventLog, partition_for
 from toolledger.events.models import Event
+from toolledger.events.payloads import PayloadUnavailable, event_blobs, restore_event
 from toolledger.events.records import Verdict
 from toolledger.projections.store import LedgerStore
 
@@ -33,6 +36,7 @@ class AuditEntry:
     event: Event
     actor: str
     verdict: Verdict | None
+    payload_problem: str | None = None
 
 
 async def _scan(
@@ -79,17 +83,26 @@ async def story(
         if key is None or event.key == key:
             events.append((offset, ts, event))
     verdicts = await store.verdicts([e.event_id for _, _, e in events])
-    return [
-        AuditEntry(
-            partition=partition,
-            offset=offset,
-            appended_at=datetime.fromtimestamp(ts / 1000, UTC),
-            event=event,
-            actor=actor_of(event),
-            verdict=verdicts.get(event.event_id),
+    blobs = await store.get_blobs({d for _, _, e in events for d in event_blobs(e)})
+    entries = []
+    for offset, ts, event in events:
+        problem = None
+        try:
+            shown = restore_event(event, blobs)
+        except PayloadUnavailable as exc:
+            shown, problem = event, str(exc)
+        entries.append(
+            AuditEntry(
+                partition=partition,
+                offset=offset,
+                appended_at=datetime.fromtimestamp(ts / 1000, UTC),
+                event=shown,
+                actor=actor_of(event),
+                verdict=verdicts.get(event.event_id),
+                payload_problem=problem,
+            )
         )
-        for offset, ts, event in events
-    ]
+    return entries
 
 
 async def as_of_targets(log: EventLog, as_of: datetime) -> dict[int, int]:

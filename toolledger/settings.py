@@ -22,10 +22,11 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal, TypeVar, overload
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from toolledger.errors import ToolLedgerError
+from toolledger.events.payloads import PayloadLimits
 from toolledger.events.signing import SigningKey, VerifyKeys, parse_signing_keys
 
 _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -87,6 +88,28 @@ class Settings(BaseSettings):
     verdict_timeout_s: float = Field(
         default=10.0, gt=0, description="How long a runtime waits for a reservation verdict."
     )
+    max_record_bytes: int = Field(
+        default=1_048_576,
+        ge=16_384,
+        le=2**31 - 1,
+        description="Largest record toolledger appends to a topic (the producer's "
+        "max_request_size; the brokers' message.max.bytes must be at least this). Larger "
+        "records are refused, never retried.",
+    )
+    payload_inline_bytes: int = Field(
+        default=65_536,
+        ge=1_024,
+        description="Results, arguments, transcripts and operator values larger than this "
+        "travel by reference (a blob in PostgreSQL); at most a quarter of "
+        "TOOLLEDGER_MAX_RECORD_BYTES.",
+    )
+    payload_max_bytes: int = Field(
+        default=64 * 1024 * 1024,
+        ge=1_024,
+        le=1_000_000_000,
+        description="Largest payload recorded at all; a larger result leaves its call "
+        "indeterminate with an error naming the limit.",
+    )
 
     @field_validator("schema_name")
     @classmethod
@@ -94,6 +117,30 @@ class Settings(BaseSettings):
         if not _SCHEMA_NAME.match(value):
             raise ValueError("must be a lowercase SQL identifier (letters, digits, _)")
         return value
+
+    @field_validator("payload_inline_bytes")
+    @classmethod
+    def _inline_fits(cls, value: int, info: ValidationInfo) -> int:
+        record = info.data.get("max_record_bytes")
+        if record is not None and value * 4 > record:
+            raise ValueError(
+                f"must be at most a quarter of TOOLLEDGER_MAX_RECORD_BYTES ({record // 4}): an "
+                "event, its verdict and its fact each carry up to three inline payloads"
+            )
+        return value
+
+    @field_validator("payload_max_bytes")
+    @classmethod
+    def _max_above_inline(cls, value: int, info: ValidationInfo) -> int:
+        inline = info.data.get("payload_inline_bytes")
+        if inline is not None and value < inline:
+            raise ValueError(f"must be at least TOOLLEDGER_PAYLOAD_INLINE_BYTES ({inline})")
+        return value
+
+    def payload_limits(self) -> PayloadLimits:
+        return PayloadLimits(
+            inline_bytes=self.payload_inline_bytes, max_bytes=self.payload_max_bytes
+        )
 
     @property
     def events_topic(self) -> str:

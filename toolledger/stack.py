@@ -18,8 +18,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from toolledger.events.kafka import KafkaLog
-from toolledger.events.log import EventLog
+from toolledger.events.log import DEFAULT_MAX_RECORD_BYTES, EventLog
 from toolledger.events.memory import MemoryBroker
+from toolledger.events.payloads import PayloadLimits
 from toolledger.events.records import Verdict
 from toolledger.events.signing import SigningKey, VerifyKeys
 from toolledger.projections.commands import LedgerCommands
@@ -67,13 +68,17 @@ class LedgerStack:
         partitions: int = 4,
         verify_keys: VerifyKeys | None = None,
         broker: MemoryBroker | None = None,
+        limits: PayloadLimits | None = None,
+        max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
     ) -> LedgerStack:
-        """An embedded stack. Its projector verifies operator signatures with `verify_keys`;
-        without them, with the public half of a key nobody holds, so no decision is accepted."""
+        """The embedded stack. Its projector verifies operator signatures with `verify_keys`;
+        without them, with the public half of a key nobody holds, so no decision is accepted.
+        `limits` and `max_record_bytes` are the same settings, with the same defaults, as
+        against Kafka: the memory log refuses what Kafka would refuse."""
         if verify_keys is None:
             verify_keys = SigningKey.generate("nobody").verify_keys()
         broker = broker or MemoryBroker()
-        events = broker.log("toolledger.events")
+        events = broker.log("toolledger.events", max_record_bytes)
         await events.ensure_topic(partitions)
         facts = broker.log("toolledger.ledger")
         dlq = broker.log("toolledger.events.dlq")
@@ -92,7 +97,7 @@ class LedgerStack:
             on_verdicts=_hint_waiter(waiter),
             fetch_wait_ms=50,
         )
-        commands = LedgerCommands(events, waiter)
+        commands = LedgerCommands(events, waiter, store, limits)
         reads = CallReads(StoreReads(store))
         stack = cls(events, facts, dlq, store, waiter, commands, reads, projector)
         await waiter.start()
@@ -109,9 +114,15 @@ class LedgerStack:
         verify_keys = VerifyKeys()
         if isinstance(settings, ProjectorSettings):
             verify_keys = settings.require_verify_keys() if run_projector else settings.verify_keys
-        events = KafkaLog(bootstrap, settings.events_topic)
-        facts = KafkaLog(bootstrap, settings.facts_topic, max_batch_size=FACTS_BATCH_BYTES)
-        dlq = KafkaLog(bootstrap, settings.dlq_topic)
+        size = settings.max_record_bytes
+        events = KafkaLog(bootstrap, settings.events_topic, max_record_bytes=size)
+        facts = KafkaLog(
+            bootstrap,
+            settings.facts_topic,
+            max_batch_size=FACTS_BATCH_BYTES,
+            max_record_bytes=size,
+        )
+        dlq = KafkaLog(bootstrap, settings.dlq_topic, max_record_bytes=size)
         for topic in (events, facts, dlq):
             await topic.start()
         if create_topics:
@@ -145,7 +156,7 @@ class LedgerStack:
                 fetch_wait_ms=settings.fetch_wait_ms,
                 identity_interval=settings.identity_check_s,
             )
-        commands = LedgerCommands(events, waiter)
+        commands = LedgerCommands(events, waiter, store, settings.payload_limits())
         stack = cls(events, facts, dlq, store, waiter, commands, call_reads, projector)
         stack._listeners.append(listener)
         stack._reads.append(reads)

@@ -17,12 +17,14 @@ import pytest
 from toolledger.events.kafka import KafkaLog
 from toolledger.events.log import (
     EPOCH_MARKER_KEY,
+    RECORD_OVERHEAD_BYTES,
     EventLog,
     LogError,
     LogIdentity,
     LogIdentityError,
     LogReader,
     LogRecord,
+    RecordTooLarge,
     epoch_marker,
     identity_from_offset_zero,
     parse_epoch_marker,
@@ -313,6 +315,27 @@ class EventLogTestCase(ABC):
 
         with pytest.raises(LogError, match=r"partition 2 of \S+ does not exist"):
             await logs.reader(log, {2: 0})
+
+    async def test_an_oversized_record_is_refused_permanently_and_never_lands(
+        self, logs: Logs
+    ) -> None:
+        """A record Kafka cannot take raised an error that read "may have landed, resend", so
+        the runtime resent it forever and the call never returned."""
+        log = await logs.open()
+        await log.ensure_topic(2)
+        limit = log.max_record_bytes
+        fits = b"f" * (limit - RECORD_OVERHEAD_BYTES - len(b"run-g"))
+
+        with pytest.raises(RecordTooLarge) as raised:
+            await log.append("run-g", fits + b"!")
+        assert (raised.value.size, raised.value.limit) == (len(fits) + 1 + 5, limit)
+        assert "TOOLLEDGER_MAX_RECORD_BYTES" in str(raised.value)
+        with pytest.raises(RecordTooLarge):
+            await log.append("run-g", b"v", [("h", b"x" * limit)])
+        position = await log.append("run-g", fits)
+        assert position.offset == 1, "the refused records must not have landed"
+        found = await read(await logs.reader(log, {position.partition: 1}), 1, within=10)
+        assert found[position.partition][0].value == fits
 
 
 class TestMemoryLog(EventLogTestCase):

@@ -47,6 +47,7 @@ from toolledger.events.models import (
     call_key,
     canonical_json,
 )
+from toolledger.events.payloads import digest_of
 from toolledger.events.records import Verdict
 from toolledger.events.signing import SigningKey, sign
 from toolledger.projections.facts import Fact
@@ -54,6 +55,7 @@ from toolledger.projections.memory import MemoryLedger
 from toolledger.projections.migrations import load_migrations, migrate
 from toolledger.projections.postgres import PostgresLedger
 from toolledger.projections.store import (
+    CallQuery,
     LedgerSnapshot,
     LedgerStore,
     OffsetConflict,
@@ -642,6 +644,50 @@ class TestLedgerStoreContract:
         ]
         await assert_same_ledger(ledger, log.reference)
 
+    async def test_a_contested_call_is_stored_listed_and_cleared(self, ledger: LedgerStore) -> None:
+        """A late completed that contradicts an operator's failed must survive in the store as
+        the contested flag (or the call could be rerun after a restart), be listed, and be
+        cleared only by a new resolve."""
+        log = Log()
+        r = reserve("r1", "c1", at(0), deadline=timedelta(seconds=10))
+        who = {"operator": "ops@acme", "reason": "nothing in billing", "outcome": "failed"}
+        decided = signed(event(CallResolved, "r1", "c1", at(60), expected_version=2, **who))
+        late = completed(r, at(61))
+        await log.feed(ledger, 0, r, outcome(CallIndeterminate, r, at(1), error="timeout"))
+        verdicts = await log.feed(ledger, 0, decided, late)
+        assert [(v.accepted, v.reason) for v in verdicts] == [
+            (True, "accepted"),
+            (False, "late_outcome"),
+        ]
+        call = await ledger.get_call("r1:c1")
+        assert call is not None and call == log.reference.calls["r1:c1"]
+        assert (call.status, call.contested, call.version) == ("failed", True, 4)
+        assert call.contested_evidence is not None and str(late.event_id) in call.contested_evidence
+        listed = await ledger.list_calls(CallQuery(tenant_id="acme", contested=True))
+        assert [c.key for c in listed] == ["r1:c1"]
+        rerun = await log.feed(ledger, 0, reserve("r1", "c1", at(62)))
+        assert rerun[0].reason == "contested"
+        again = {**who, "outcome": "completed", "reason": "found cr-1 after all"}
+        await log.feed(
+            ledger, 0, signed(event(CallResolved, "r1", "c1", at(63), expected_version=4, **again))
+        )
+        cleared = await ledger.get_call("r1:c1")
+        assert cleared is not None and (cleared.status, cleared.contested) == ("completed", False)
+        assert await ledger.list_calls(CallQuery(tenant_id="acme", contested=True)) == []
+        await assert_same_ledger(ledger, log.reference)
+
+    async def test_blobs_are_content_addressed_and_read_back_byte_for_byte(
+        self, ledger: LedgerStore
+    ) -> None:
+        """A payload stored by reference must read back exactly, a resend must change nothing,
+        and an unknown digest must be absent rather than an error or an empty payload."""
+        data = ('"' + "é" * 50_000 + '"').encode()
+        digest = digest_of(data)
+        await ledger.put_blobs({digest: data})
+        await ledger.put_blobs({digest: data})
+        assert await ledger.get_blobs([digest, "0" * 64]) == {digest: data}
+        assert await ledger.get_blobs([]) == {}
+
     async def test_digest_equals_the_reference_fold(self, ledger: LedgerStore) -> None:
         """Replaying the log into an empty ledger must give the same digest as the fold."""
         log = Log()
@@ -845,6 +891,21 @@ class TestPostgresLedger(TestLedgerStoreContract):
         expected = sorted(fold.history, key=lambda h: (h.partition, h.offset))
         assert [r["chain_hash"] for r in rows] == [h.chain_hash for h in expected]
         assert len({h.chain_hash for h in expected}) == len(expected)
+
+    async def test_a_stored_blob_cannot_be_changed_or_removed(
+        self, store: PostgresLedger, pg_dsn: str, pg_schema: str
+    ) -> None:
+        """A blob is evidence like the history: rewriting it would change what a digest in the
+        log stands for."""
+        data = b'"evidence"'
+        await store.put_blobs({digest_of(data): data})
+        conn = await asyncpg.connect(pg_dsn, server_settings={"search_path": pg_schema})
+        try:
+            for statement in ("UPDATE payload_blobs SET data = 'x'", "DELETE FROM payload_blobs"):
+                with pytest.raises(asyncpg.RaiseError, match="append-only"):
+                    await conn.execute(statement)
+        finally:
+            await conn.close()
 
     async def test_verdicts_are_announced_on_commit(
         self, store: PostgresLedger, pg_dsn: str

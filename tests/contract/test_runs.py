@@ -209,6 +209,39 @@ class RunScenarios:
         told = model.last_tool_message()
         assert told["status"] == "failed" and "did not take effect" in told["content"]
 
+    async def test_a_contested_call_pauses_the_run_until_an_operator_decides_again(
+        self, h: H
+    ) -> None:
+        """An operator said failed, then the charge's late completed arrived: the model must
+        not hear "failed" (it would retry and charge twice); the run waits for a new decision."""
+        run_tools.behaviour["charge"] = "effect_then_timeout"
+        model = ScriptedModel(_charge("c1"), "retry-if-failed", FinalAnswer("done"))
+        await h.run(model, on_indeterminate="pause").start("charge")
+        await h.resolve("r1:c1", "failed")
+        record = await h.ledger.read_call("r1:c1")
+        assert record is not None
+        late = await h.ledger.stack.commands.append_and_await(
+            CallCompleted(
+                key="r1:c1",
+                run_id="r1",
+                tool_call_id="c1",
+                tenant_id="acme",
+                reservation_id=record.reservation_id,
+                result_json='{"late": true}',
+            ),
+            10,
+        )
+        assert late.call is not None and late.call.contested
+        assert await h.resumable() == []
+        paused = await h.run(model, on_indeterminate="pause").resume()
+        assert (paused.status, paused.waiting_on) == ("awaiting_reconciliation", "r1:c1")
+        await h.resolve("r1:c1", "completed", {"credit_id": "cr_late"})
+        assert await h.resumable() == ["r1"]
+        resumed = await h.run(model, on_indeterminate="pause").resume()
+        assert resumed.status == "completed"
+        assert model.last_tool_message()["status"] == "completed"
+        assert h.billing.effects() == 1
+
     async def test_an_approval_gate_pauses_the_run_until_an_operator_approves(self, h: H) -> None:
         model = ScriptedModel([ToolCallRequest("c1", "runs.refund", ARGS)], FinalAnswer("refunded"))
         result = await h.run(model).start("refund")

@@ -8,6 +8,7 @@ compensation paths, the body limit, health and metrics.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 
 import httpx
@@ -19,7 +20,7 @@ from toolledger.api import create_app
 from toolledger.api.app import close_stack
 from toolledger.api.service import OperatorService
 from toolledger.api.tokens import MemoryTokens
-from toolledger.events.models import CompensationRequested
+from toolledger.events.models import CompensationRequested, canonical_json
 from toolledger.events.signing import sign
 from toolledger.settings import ConfigError, OperatorSettings
 from toolledger.stack import LedgerStack
@@ -478,3 +479,46 @@ async def test_asking_again_finishes_a_compensation_an_interrupted_request_left_
     assert got.status_code == 200, got.text
     assert got.json()["record"]["status"] == "compensated"
     assert s.voided == [r.key]
+
+
+async def test_contested_calls_are_listed_and_a_new_resolve_settles_them(
+    api: httpx.AsyncClient, calls: s.Calls
+) -> None:
+    """The queue must show the calls whose settlement a late outcome contradicted, and the
+    operator's second decision must clear them (else they wait forever, unseen)."""
+    r = await calls.indeterminate("contest")
+    await calls.indeterminate("plain")
+    body = {"outcome": "failed", "reason": "nothing in billing"}
+    assert (await api.post(f"/v1/tool-executions/{r.key}/resolve", json=body)).status_code == 200
+    late = await calls.stack.commands.append_and_await(calls.completed_of(r), 10)
+    assert (late.accepted, late.reason) == (False, "late_outcome")
+    listed = (await api.get("/v1/tool-executions", params={"contested": "true"})).json()
+    assert [item["key"] for item in listed["items"]] == [r.key]
+    item = listed["items"][0]
+    assert item["contested"] is True and "call_completed" in item["contested_evidence"]
+    again = {"outcome": "completed", "reason": "found cr_1", "expected_version": item["version"]}
+    settled = await api.post(f"/v1/tool-executions/{r.key}/resolve", json=again)
+    assert settled.status_code == 200, settled.text
+    assert (settled.json()["status"], settled.json()["contested"]) == ("completed", False)
+    listed = (await api.get("/v1/tool-executions", params={"contested": "true"})).json()
+    assert listed["items"] == []
+
+
+async def test_a_result_stored_by_reference_reads_back_as_if_inline(
+    api: httpx.AsyncClient, calls: s.Calls
+) -> None:
+    """The API must show a large result, not the empty placeholder its record holds, and the
+    history must show the request as appended with its payload restored."""
+    big = {"rows": ["r" * 1000] * 200}  # 200 KB: over the 64 KB inline threshold
+    r = await calls.reserve("by-ref")
+    record = await calls.apply(
+        calls.completed_of(r).model_copy(update={"result_json": canonical_json(big)})
+    )
+    assert record is not None and record.result_blob is not None and record.result_json == ""
+    shown = (await api.get(f"/v1/tool-executions/{r.key}")).json()
+    assert shown["record"]["result"] == big
+    completed = [h for h in shown["history"] if h["event_type"] == "call_completed"]
+    assert json.loads(completed[0]["event"]["result_json"]) == big
+    assert completed[0]["event"]["result_blob"] == record.result_blob
+    listed = (await api.get("/v1/tool-executions", params={"run_id": r.run_id})).json()
+    assert listed["items"][0]["result"] == big

@@ -20,6 +20,7 @@ from toolledger.events.models import (
     CallFailed,
     CallIndeterminate,
     CallReserved,
+    CallResolved,
     Event,
     OperatorEvent,
     ReconcileAttempted,
@@ -42,6 +43,7 @@ class LedgerMachine(RuleBasedStateMachine):
         self.reservations: list[CallReserved] = []
         self.driver_version = dict.fromkeys(DRIVERS, 0)
         self.unsigned: set[object] = set()
+        self.contested = 0
         self._apply(b.run_started("r1"))
 
     # -- the one place events enter, with per-event invariants --------------------------------
@@ -65,9 +67,17 @@ class LedgerMachine(RuleBasedStateMachine):
             assert after_call.version >= before_call.version, "a version moved backwards"
             if after_call != before_call:
                 assert after_call.version == before_call.version + 1
-                assert verdict.accepted
-        if not verdict.accepted:
-            assert after_call == before_call, "a rejected event changed the record"
+        if not verdict.accepted and after_call != before_call:
+            self._check_contest(event, before_call, after_call)
+        if before_call is not None and before_call.contested and after_call is not None:
+            if not after_call.contested:
+                assert isinstance(event, CallResolved) and verdict.accepted, (
+                    "a contested call was cleared by something else than an operator's resolve"
+                )
+            if before_call.status == "failed":
+                assert not (isinstance(event, CallReserved) and verdict.accepted), (
+                    "a contested failed call was reserved again"
+                )
 
         if isinstance(event, CallReserved) and verdict.accepted:
             assert before_call is None or before_call.status in ("failed", "approved"), (
@@ -84,10 +94,34 @@ class LedgerMachine(RuleBasedStateMachine):
             assert before_call.reservation_id == event.reservation_id, (
                 "an outcome for a reservation that is not current changed the record"
             )
-            assert before_call.status not in SETTLED, "a late outcome changed a settled record"
+            assert after_call is not None
+            assert before_call.status not in SETTLED or after_call.status == before_call.status, (
+                "a late outcome changed a settled record's status"
+            )
+            if after_call.contested and not before_call.contested:
+                self.contested += 1
 
         if isinstance(event, OperatorEvent) and event.event_id in self.unsigned:
             assert not verdict.accepted, "an unsigned operator event was accepted"
+
+    def _check_contest(
+        self, event: Event, before: CallRecord | None, after: CallRecord | None
+    ) -> None:
+        """A rejected event changes a record only to flag a contradicted settlement."""
+        assert before is not None and after is not None, "a rejected event created a record"
+        assert after == before.model_copy(
+            update={
+                "contested": True,
+                "contested_evidence": after.contested_evidence,
+                "version": before.version + 1,
+                "updated_at": event.occurred_at,
+            }
+        ), "a rejected event changed the record beyond flagging it contested"
+        assert not before.contested and before.settled_by in ("operator", "reconcile")
+        assert isinstance(event, CallCompleted | CallFailed)
+        assert event.reservation_id == before.reservation_id
+        wanted = CallCompleted if before.status == "failed" else CallFailed
+        assert isinstance(event, wanted), f"{event.type} contested a {before.status} call"
 
     # -- rules ------------------------------------------------------------------------------
 

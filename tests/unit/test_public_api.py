@@ -37,7 +37,9 @@ FROZEN = [
     "TenantMismatchError",
     "Tool",
     "ToolArgumentsError",
+    "ToolArgumentsTooLarge",
     "ToolCallAwaitingApproval",
+    "ToolCallContested",
     "ToolCallError",
     "ToolCallFailed",
     "ToolCallInProgress",
@@ -51,6 +53,7 @@ FROZEN = [
     "ToolOutcome",
     "ToolPolicy",
     "ToolResultUnreadable",
+    "ToolResultUnrecordable",
     "Toolset",
     "TopicMissing",
     "VerifyKeys",
@@ -87,6 +90,9 @@ def test_errors_raised_about_a_call_share_one_base() -> None:
         "TenantMismatchError",
         "ToolArgumentsError",
         "ToolResultUnreadable",
+        "ToolCallContested",
+        "ToolResultUnrecordable",
+        "ToolArgumentsTooLarge",
     ):
         assert issubclass(getattr(toolledger, name), toolledger.ToolCallError), name
     assert issubclass(toolledger.TenantMismatchError, PermissionError)

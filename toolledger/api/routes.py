@@ -106,7 +106,7 @@ def _statuses(text: str | None) -> frozenset[CallStatus]:
     "",
     response_model=ToolExecutionPage,
     responses=errors(401, 422, 503),
-    dependencies=[_only("status", "tool", "run_id", "limit", "cursor")],
+    dependencies=[_only("status", "tool", "run_id", "contested", "limit", "cursor")],
 )
 async def list_tool_executions(
     token: Viewer,
@@ -120,6 +120,13 @@ async def list_tool_executions(
     ] = None,
     tool: Annotated[str | None, Query(description="Only this tool.", pattern=_NO_NUL)] = None,
     run_id: Annotated[str | None, Query(description="Only this run.", pattern=_NO_NUL)] = None,
+    contested: Annotated[
+        bool | None,
+        Query(
+            description="`true`: only contested calls (settled, then a late outcome contradicted "
+            "the settlement; they wait for an operator's new decision). `false`: only the others."
+        ),
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE, description="Page size.")] = 50,
     cursor: Annotated[
         str | None, Query(description="`next_cursor` of the previous page.", pattern=_NO_NUL)
@@ -131,6 +138,7 @@ async def list_tool_executions(
         statuses=_statuses(status),
         tool=tool,
         run_id=run_id,
+        contested=contested,
         limit=limit,
         cursor=cursor,
     )

@@ -107,6 +107,11 @@ class ToolExecution(BaseModel):
     operator: str | None
     reason: str | None
     reconcile_attempts: int
+    contested: bool = Field(
+        description="Settled, then a late outcome contradicted the settlement: a contested "
+        "failed call does not run again until an operator resolves it again."
+    )
+    contested_evidence: str | None = Field(description="What contradicted the settlement.")
     created_at: datetime
     updated_at: datetime
 
@@ -135,6 +140,8 @@ class ToolExecution(BaseModel):
             operator=record.operator,
             reason=record.reason,
             reconcile_attempts=record.reconcile_attempts,
+            contested=record.contested,
+            contested_evidence=record.contested_evidence,
             created_at=record.created_at,
             updated_at=record.updated_at,
         )

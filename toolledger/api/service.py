@@ -53,6 +53,7 @@ from toolledger.events.models import (
     OperatorEvent,
     utcnow,
 )
+from toolledger.events.payloads import PayloadError
 from toolledger.events.records import CallRecord, CallStatus, RunRecord, Verdict
 from toolledger.events.signing import SigningKey, sign
 from toolledger.projections.commands import LedgerCommands
@@ -159,6 +160,7 @@ class OperatorService:
         statuses: frozenset[CallStatus] = frozenset(),
         tool: str | None = None,
         run_id: str | None = None,
+        contested: bool | None = None,
         limit: int = 50,
         cursor: str | None = None,
         overdue_only: bool = False,
@@ -177,12 +179,13 @@ class OperatorService:
             statuses=statuses,
             tool=tool,
             run_id=run_id,
+            contested=contested,
             after=decode_cursor(cursor) if cursor else None,
             limit=limit + 1,
             started_deadline_before=self.clock() - CLOCK_SKEW_GRACE if overdue_only else None,
         )
         found = await self.store.list_calls(query)
-        items = found[:limit]
+        items = [await self.commands.restored_call(c) for c in found[:limit]]
         more = len(found) > limit
         return Page(items=items, next_cursor=encode_cursor(items[-1]) if more else None)
 
@@ -196,7 +199,7 @@ class OperatorService:
                 f"no tool execution {key!r} in this tenant; list them with "
                 "GET /v1/tool-executions (or `toolledger executions list`)",
             )
-        return record
+        return await self.commands.restored_call(record)
 
     async def counts(self, who: Operator) -> StatusCounts:
         """The tenant's calls per status, and how many `started` ones an operator may resolve."""
@@ -208,9 +211,12 @@ class OperatorService:
         return run if run is not None and who.tenant_id in (None, run.tenant_id) else None
 
     async def show(self, who: Operator, key: str) -> tuple[CallRecord, list[HistoryEntry]]:
-        """The call and every event of its key, accepted or rejected, in log order."""
+        """The call and every event of its key, accepted or rejected, in log order. Payloads
+        stored by reference are restored in both (each entry's chain hash is the stored one,
+        over the event as logged, digests and all)."""
         record = await self.get(who, key)
-        return record, await self.store.history(key)
+        history = await self.store.history(key)
+        return record, [await self.commands.restored_entry(entry) for entry in history]
 
     # -- deciding ----------------------------------------------------------------------------
 
@@ -242,17 +248,21 @@ class OperatorService:
             )
         stored_value = value_json(value)
         record = await self.get(who, key)
-        event = self._signed(
-            CallResolved(
-                **self._envelope(record),
-                operator=who.operator,
-                reason=reason,
-                expected_version=self._expected(record, expected_version),
-                outcome=outcome,
-                value_json=stored_value,
-                result_reference=result_reference,
-            )
+        decision = CallResolved(
+            **self._envelope(record),
+            operator=who.operator,
+            reason=reason,
+            expected_version=self._expected(record, expected_version),
+            outcome=outcome,
+            value_json=stored_value,
+            result_reference=result_reference,
         )
+        try:
+            # Before signing: the signature covers the value's digest, not its text.
+            decision = await self.commands.offload(decision)
+        except PayloadError as exc:
+            raise InvalidRequest("payload_too_large", str(exc)) from exc
+        event = self._signed(decision)
         settled = await self._decide(event)
         if key.endswith(COMPENSATE_SUFFIX):
             original = await self.store.get_call(key.removesuffix(COMPENSATE_SUFFIX))
@@ -363,19 +373,25 @@ class OperatorService:
         event: CallEvent
         match done.status:
             case "completed":
-                event = CallCompensated(
-                    **envelope, compensation_key=done.key, result_json=done.result_json or "null"
-                )
+                # A result stored by reference stays on the compensation call's own record;
+                # copying its text here could make this event too large to append.
+                copied = "null" if done.result_blob is not None else done.result_json or "null"
+                event = CallCompensated(**envelope, compensation_key=done.key, result_json=copied)
             case "failed":
                 event = CompensationFailed(
                     **envelope, compensation_key=done.key, error=done.error or "it failed"
                 )
             case _:
-                return Compensation(record=original, compensation=done)
+                return Compensation(
+                    record=original, compensation=await self.commands.restored_call(done)
+                )
         verdict = await self._command(event)
         # Rejected only when a concurrent request settled it first: report the truth.
         now = verdict.call if verdict.call is not None else original
-        return Compensation(record=now, compensation=done)
+        return Compensation(
+            record=await self.commands.restored_call(now),
+            compensation=await self.commands.restored_call(done),
+        )
 
     def _envelope(self, record: CallRecord) -> dict[str, Any]:
         return {
@@ -462,7 +478,7 @@ class OperatorService:
         self._last_verdict = time.monotonic()
         metrics.VERDICT_SECONDS.labels(event.type).observe(self._last_verdict - started)
         metrics.COMMANDS.labels(event.type, verdict.reason).inc()
-        return verdict
+        return await self.commands.restored_verdict(verdict)
 
     def _refusal(self, verdict: Verdict) -> OperatorError:
         if verdict.reason in _REFUSED_AS_NOT_FOUND:

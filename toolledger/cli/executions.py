@@ -126,6 +126,8 @@ def _summary(record: CallRecord) -> str:
         text += f", settled by {_SETTLERS[record.settled_by]}"
         if op is not None:
             text += f" after {op} approved it: {reason}"
+    if record.contested:
+        text += f"; CONTESTED by {record.contested_evidence}: resolve it again"
     after = resolvable_after(record)
     if after is not None:
         text += f"; resolvable after {after.isoformat(timespec='seconds')}"
@@ -164,6 +166,12 @@ def executions() -> None:
 )
 @click.option("--tool", default=None, help="Only this tool.")
 @click.option("--run-id", default=None, help="Only this run.")
+@click.option(
+    "--contested",
+    is_flag=True,
+    help="Only contested calls: settled, then contradicted by a late outcome; they wait for "
+    "a new `resolve`.",
+)
 @_tenant
 @click.option("--limit", type=click.IntRange(1, 500), default=50, show_default=True)
 @click.option("--cursor", default=None, help="Continue after a previous page.")
@@ -171,6 +179,7 @@ def list_command(
     statuses: tuple[str, ...],
     tool: str | None,
     run_id: str | None,
+    contested: bool,
     tenant: str | None,
     limit: int,
     cursor: str | None,
@@ -191,6 +200,7 @@ def list_command(
             statuses=chosen,
             tool=tool,
             run_id=run_id,
+            contested=True if contested else None,
             limit=limit,
             cursor=cursor,
         ),
@@ -203,7 +213,7 @@ def list_command(
             r.key,
             r.tenant_id,
             r.tool,
-            r.status,
+            f"{r.status} (contested)" if r.contested else r.status,
             str(r.version),
             _age(r.updated_at),
             r.reason or (r.error if r.status in _ERROR_IS_CURRENT else None) or "",

@@ -23,7 +23,7 @@ from toolledger.events.fold import HistoryEntry, broken_chains
 from toolledger.events.kafka import KafkaLog
 from toolledger.events.signing import VerifyKeys
 from toolledger.projections.postgres import PostgresLedger
-from toolledger.projections.replay import ReplayReport, compare, replay
+from toolledger.projections.replay import ReplayReport, compare, copy_blobs, replay
 from toolledger.projections.store import CallQuery
 from toolledger.settings import ProjectorSettings, Settings, load_settings
 
@@ -187,10 +187,12 @@ def replay_command(into: str, verify: bool) -> None:
                     bar.update(task, advance=done, total=total)
 
                 report = await replay(log, fresh, targets=targets, progress=advance)
+            blob_problems = await copy_blobs(live, fresh)
             if verify:
                 report.live_digest = await live.digest()
                 if not report.identical:
                     report.differences = compare(await live.snapshot(), await fresh.snapshot())
+                report.differences += blob_problems
             return report
         finally:
             await fresh.close()

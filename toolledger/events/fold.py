@@ -183,6 +183,8 @@ class LedgerFold:
                 self.calls[verdict.call.key] = verdict.call
             if verdict.run is not None:
                 self.runs[verdict.run.run_id] = verdict.run
+        elif verdict.call is not None and verdict.call is not call:
+            self.calls[verdict.call.key] = verdict.call  # rejected, but flagged contested
         entry = history_entry(item, verdict, self.heads.get(event.key))
         self.heads[event.key] = entry.chain_hash
         self.history.append(entry)
@@ -204,10 +206,10 @@ def ledger_digest(
     """SHA-256 over the canonical JSON of the ledger, in a store-independent order."""
     h = hashlib.sha256()
     for call in sorted(calls, key=lambda c: c.key):
-        h.update(canonical_json(call.model_dump(mode="json")).encode())
+        h.update(canonical_json(call.ledger_form()).encode())
     h.update(b"|runs|")
     for run in sorted(runs, key=lambda r: r.run_id):
-        h.update(canonical_json(run.model_dump(mode="json")).encode())
+        h.update(canonical_json(run.ledger_form()).encode())
     h.update(b"|history|")
     for entry in sorted(history, key=lambda e: (e.partition, e.offset)):
         h.update(canonical_json(entry.model_dump(mode="json")).encode())

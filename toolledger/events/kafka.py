@@ -31,10 +31,17 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.client import AIOKafkaClient
-from aiokafka.errors import KafkaError, OffsetOutOfRangeError, for_code
+from aiokafka.errors import (
+    KafkaError,
+    MessageSizeTooLargeError,
+    OffsetOutOfRangeError,
+    for_code,
+)
+from aiokafka.errors import RecordTooLargeError as BrokerRecordTooLarge
 from aiokafka.protocol.metadata import MetadataRequest
 
 from toolledger.events.log import (
+    DEFAULT_MAX_RECORD_BYTES,
     EPOCH_MARKER_KEY,
     EventLog,
     LogError,
@@ -43,9 +50,12 @@ from toolledger.events.log import (
     LogReader,
     LogRecord,
     Position,
+    RecordTooLarge,
     TopicMissing,
+    check_record_size,
     epoch_marker,
     identity_from_offset_zero,
+    record_size,
 )
 
 _NO_ERROR = 0
@@ -71,6 +81,9 @@ class KafkaLog(EventLog):
     (aiokafka's 16 KB) suits the events topic, where appends are few per request;
     a topic written in bulk (facts, published a whole batch of verdicts at a time) needs far
     larger batches, because aiokafka keeps one request in flight per broker.
+    `max_record_bytes` is the producer's `max_request_size`; a record over it is refused as
+    `RecordTooLarge` before it is sent (the broker's `message.max.bytes` must be at least as
+    large; a broker refusing one is reported the same way).
     """
 
     def __init__(
@@ -86,8 +99,10 @@ class KafkaLog(EventLog):
         replication_factor: int = 1,
         identity_wait: float = 2.0,
         connection: Mapping[str, Any] | None = None,
+        max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
     ) -> None:
         self.topic = topic
+        self.max_record_bytes = max_record_bytes
         self._bootstrap = bootstrap
         self._client_id = client_id
         self._fetch_max_wait_ms = fetch_max_wait_ms
@@ -121,7 +136,7 @@ class KafkaLog(EventLog):
             enable_idempotence=False,
             linger_ms=self._linger_ms,
             max_batch_size=self._max_batch_size,
-            max_request_size=max(self._max_batch_size, 1_048_576),
+            max_request_size=max(self._max_batch_size, self.max_record_bytes),
             request_timeout_ms=self._request_timeout_ms,
             **self._connection,
         )
@@ -207,10 +222,16 @@ class KafkaLog(EventLog):
         self, key: bytes, value: bytes, headers: Sequence[tuple[str, bytes]], partition: int | None
     ) -> Position:
         producer = self._started()[1]
+        check_record_size(self.topic, key, value, headers, self.max_record_bytes)
         try:
             sent = await producer.send_and_wait(
                 self.topic, value, key=key, partition=partition, headers=list(headers) or None
             )
+        except (MessageSizeTooLargeError, BrokerRecordTooLarge) as exc:
+            size = record_size(key, value, headers)
+            raise RecordTooLarge(
+                self.topic, key.decode(errors="replace"), size, self.max_record_bytes
+            ) from exc
         except KafkaError as exc:
             raise LogError(
                 f"append to {self.topic} (key {key.decode(errors='replace')}) failed: {exc!r}; "

@@ -17,6 +17,7 @@ from datetime import timedelta
 from typing import assert_never
 
 from toolledger.events.models import (
+    CONTESTED_SINCE,
     CallAbandoned,
     CallApproved,
     CallCompensated,
@@ -133,8 +134,10 @@ class _Decision:
         self.call = call
         self.event = event
 
-    def reject(self, reason: Reason, detail: str) -> Verdict:
-        return self._verdict(False, reason, detail, self.call, self.run)
+    def reject(self, reason: Reason, detail: str, call: CallRecord | None = None) -> Verdict:
+        """A rejection; `call` is given only by the one rule that flags a record on rejecting
+        (a contradicting late outcome marks the call contested)."""
+        return self._verdict(False, reason, detail, call or self.call, self.run)
 
     def accept(
         self, detail: str, call: CallRecord | None = None, run: RunRecord | None = None
@@ -238,6 +241,7 @@ def _reserved(d: _Decision, e: CallReserved) -> Verdict:
             reservation_id=e.reservation_id,
             args_digest=e.args_digest,
             arguments_json=e.arguments_json,
+            arguments_blob=e.arguments_blob,
             requires_approval=e.requires_approval,
             deadline=e.deadline,
             created_at=e.occurred_at,
@@ -252,6 +256,13 @@ def _reserved(d: _Decision, e: CallReserved) -> Verdict:
         )
     if call.status == "completed":
         return d.reject("already_completed", f"{e.key} already completed; its result is recorded")
+    if call.contested:
+        return d.reject(
+            "contested",
+            f"{e.key} is contested: settled {call.status} by {call.settled_by}, then "
+            f"{call.contested_evidence}; it does not run again until an operator resolves it "
+            f"again (expected_version {call.version})",
+        )
     if call.status not in ("failed", "approved"):
         return d.reject(
             "held",
@@ -265,11 +276,13 @@ def _reserved(d: _Decision, e: CallReserved) -> Verdict:
         tool=e.tool,
         effect=e.effect,
         arguments_json=e.arguments_json,
+        arguments_blob=e.arguments_blob,
         requires_approval=e.requires_approval,
         deadline=e.deadline,
         not_attempted=False,
         result_json=None,
         result_reference=None,
+        result_blob=None,
         error=None,
         settled_by=None,
         operator=call.operator if approved else None,
@@ -281,6 +294,37 @@ def _reserved(d: _Decision, e: CallReserved) -> Verdict:
 
 def _with_warning(detail: str, e: CallReserved) -> str:
     return detail if e.warning is None else f"{detail}; warning: {e.warning}"
+
+
+def _late(d: _Decision, e: CallEvent, call: CallRecord, detail: str) -> Verdict:
+    """A late outcome for the call's own reservation: rejected (a late outcome never overwrites
+    a settled one), and if it contradicts a settlement made by an operator or a reconcile hook
+    (schema v2 on), the call is flagged contested so the contradiction cannot be rerun away."""
+    if not _contradicts(call, e):
+        return d.reject("late_outcome", detail)
+    evidence = (
+        f"a late {e.type} from {getattr(e, 'source', 'runtime')} "
+        f"{e.producer.host}/{e.producer.pid} at {e.occurred_at.isoformat()} (event {e.event_id})"
+    )
+    flagged = d.update_call(contested=True, contested_evidence=evidence)
+    return d.reject(
+        "late_outcome",
+        f"{detail}; it contradicts the {call.settled_by}'s decision, so {e.key} is contested "
+        "until an operator decides again",
+        flagged,
+    )
+
+
+def _contradicts(call: CallRecord, e: CallEvent) -> bool:
+    if call.contested or e.schema_version < CONTESTED_SINCE:
+        return False
+    if call.settled_by not in ("operator", "reconcile"):
+        return False
+    if call.reservation_id != getattr(e, "reservation_id", None):
+        return False
+    if call.status == "failed":
+        return isinstance(e, CallCompleted)
+    return call.status == "completed" and isinstance(e, CallFailed)
 
 
 def _current(d: _Decision, e: CallEvent, reservation_id: object) -> Verdict | CallRecord:
@@ -307,8 +351,10 @@ def _runtime_outcome(d: _Decision, e: CallCompleted | CallFailed | CallIndetermi
     if isinstance(call, Verdict):
         return call
     if call.status != "started":
-        return d.reject(
-            "late_outcome",
+        return _late(
+            d,
+            e,
+            call,
             f"{e.key} is already {call.status} (settled by {call.settled_by or 'nobody yet'}); "
             "this late outcome is kept as evidence and ignored",
         )
@@ -318,6 +364,7 @@ def _runtime_outcome(d: _Decision, e: CallCompleted | CallFailed | CallIndetermi
                 status="completed",
                 result_json=e.result_json,
                 result_reference=e.result_reference,
+                result_blob=e.result_blob,
                 settled_by="runtime",
             )
         case CallFailed():
@@ -339,8 +386,10 @@ def _reconcile_finding(d: _Decision, e: CallCompleted | CallFailed | ReconcileAt
     if isinstance(call, Verdict):
         return call
     if call.status not in UNSETTLED:
-        return d.reject(
-            "late_outcome",
+        return _late(
+            d,
+            e,
+            call,
             f"{e.key} is already {call.status}; this reconcile finding is kept as evidence",
         )
     if e.expected_version != call.version:
@@ -362,6 +411,7 @@ def _reconcile_finding(d: _Decision, e: CallCompleted | CallFailed | ReconcileAt
                 status="completed",
                 result_json=e.result_json,
                 result_reference=e.result_reference,
+                result_blob=e.result_blob,
                 settled_by="reconcile",
                 error=None,
             )
@@ -415,7 +465,8 @@ def _operator(
         "call_rejected": frozenset({"awaiting_approval"}),
         "compensation_requested": frozenset({"completed"}),
     }[e.type]
-    if call.status not in wanted:
+    contested_resolve = isinstance(e, CallResolved) and call.contested
+    if call.status not in wanted and not contested_resolve:
         return d.reject(
             "status_mismatch",
             f"{e.key} is {call.status} (version {call.version}); {e.type} needs it "
@@ -427,7 +478,9 @@ def _operator(
             f"{e.key} moved to version {call.version} ({call.status}); the operator saw "
             f"version {e.expected_version}",
         )
-    who = {"settled_by": "operator", "operator": e.operator, "reason": e.reason}
+    who: dict[str, object] = {"settled_by": "operator", "operator": e.operator, "reason": e.reason}
+    if contested_resolve:
+        who |= {"contested": False, "contested_evidence": None}
     match e:
         case CallResolved():
             open_until = call.deadline + CLOCK_SKEW_GRACE
@@ -442,6 +495,7 @@ def _operator(
                     status="completed",
                     result_json=e.value_json if e.value_json is not None else "null",
                     result_reference=e.result_reference,
+                    result_blob=e.value_blob,
                     **who,
                 )
             else:
@@ -509,6 +563,7 @@ def _run_event(
                 "status": "running",
                 "checkpoint_calls": e.tool_call_ids,
                 "state_json": e.state_json,
+                "state_blob": e.state_blob,
                 "waiting_on": None,
             }
         case RunPaused():

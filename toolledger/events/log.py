@@ -44,6 +44,49 @@ class LogIdentityError(LogError):
     code = "log_identity"
 
 
+#: The largest record a log takes by default: aiokafka's `max_request_size` and the broker's
+#: `message.max.bytes` default, both 1 MiB.
+DEFAULT_MAX_RECORD_BYTES = 1_048_576
+#: Room left in `max_record_bytes` for what Kafka adds around a record (batch and record
+#: headers, lengths, CRC), so a record the check lets through is never refused by the client.
+RECORD_OVERHEAD_BYTES = 512
+
+
+class RecordTooLarge(LogError):
+    """A record over the log's size limit. Refused before it is sent, so it never landed, and
+    permanent: resending the same bytes can only fail again, so nobody retries it."""
+
+    def __init__(self, topic: str, key: str, size: int, limit: int) -> None:
+        super().__init__(
+            f"a record of {size} bytes for key {key} is larger than {topic} accepts "
+            f"({limit} bytes with Kafka's overhead, setting TOOLLEDGER_MAX_RECORD_BYTES); it was "
+            "not appended. Large payloads travel by reference (docs/payloads.md): this one was "
+            "not offloaded, or too many fields of one event are near the inline threshold"
+        )
+        self.topic = topic
+        self.key = key
+        self.size = size
+        self.limit = limit
+
+
+def record_size(key: bytes, value: bytes, headers: Sequence[tuple[str, bytes]]) -> int:
+    """The bytes of a record that count against the limit: key, value and headers."""
+    return len(key) + len(value) + sum(len(name.encode()) + len(data) for name, data in headers)
+
+
+def check_record_size(
+    topic: str, key: bytes, value: bytes, headers: Sequence[tuple[str, bytes]], limit: int
+) -> None:
+    """Raise `RecordTooLarge` if the record would not fit in `limit` bytes with its overhead.
+
+    Every adapter judges sizes with this one function, so the memory log refuses exactly the
+    records Kafka would.
+    """
+    size = record_size(key, value, headers)
+    if size + RECORD_OVERHEAD_BYTES > limit:
+        raise RecordTooLarge(topic, key.decode(errors="replace"), size, limit)
+
+
 @dataclass(frozen=True)
 class LogRecord:
     """One record as read from a partition."""
@@ -228,10 +271,13 @@ class EventLog(ABC):
 
     Promises: `append` returns only once the record is durable (Kafka: acks=all) and returns its
     position; records with the same key land in the same partition in append order; a partition's
-    offsets start at 0 and only grow; nothing is ever rewritten.
+    offsets start at 0 and only grow; nothing is ever rewritten. A record whose key, value and
+    headers exceed `max_record_bytes` less `RECORD_OVERHEAD_BYTES` is refused with
+    `RecordTooLarge` before anything is sent (`check_record_size`): permanent, never retried.
     """
 
     topic: str
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
 
     @abstractmethod
     async def start(self) -> None: ...
@@ -281,9 +327,10 @@ class EventLog(ABC):
     ) -> Position:
         """Append durably; the position once acknowledged.
 
-        The partition is `partition_for(key, partitions)`. Raises `LogError` if the topic does
-        not exist, or if the append failed; a failed append may still have landed, so a caller
-        resends the same event (same event_id) and the projector applies it once.
+        The partition is `partition_for(key, partitions)`. Raises `RecordTooLarge` for a record
+        over the size limit (it did not land; do not resend it), and `LogError` if the topic
+        does not exist, or if the append failed; a failed append may still have landed, so a
+        caller resends the same event (same event_id) and the projector applies it once.
         """
 
     @abstractmethod

@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 
 from toolledger.events.log import (
+    DEFAULT_MAX_RECORD_BYTES,
     EPOCH_MARKER_KEY,
     EventLog,
     LogError,
@@ -27,6 +28,7 @@ from toolledger.events.log import (
     LogRecord,
     Position,
     TopicMissing,
+    check_record_size,
     epoch_marker,
     identity_from_offset_zero,
     partition_for,
@@ -81,9 +83,9 @@ class MemoryBroker:
     def __init__(self) -> None:
         self._topics: dict[str, _Topic] = {}
 
-    def log(self, topic: str) -> MemoryLog:
+    def log(self, topic: str, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> MemoryLog:
         """A log of `topic` on this broker (the topic need not exist yet)."""
-        return MemoryLog(topic, broker=self)
+        return MemoryLog(topic, broker=self, max_record_bytes=max_record_bytes)
 
     def _get(self, name: str) -> _Topic | None:
         return self._topics.get(name)
@@ -103,12 +105,20 @@ class MemoryLog(EventLog):
 
     `partitions`, if given, creates the topic with its epoch markers at once (what `await
     ensure_topic(partitions)` does), so a demo or a unit test can set a log up without awaiting.
+    `max_record_bytes` is the same limit a Kafka producer has (its `max_request_size`), so a
+    record too large for Kafka is refused here too, and a test on memory catches it.
     """
 
     def __init__(
-        self, topic: str, partitions: int | None = None, *, broker: MemoryBroker | None = None
+        self,
+        topic: str,
+        partitions: int | None = None,
+        *,
+        broker: MemoryBroker | None = None,
+        max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
     ) -> None:
         self.topic = topic
+        self.max_record_bytes = max_record_bytes
         self.broker = broker if broker is not None else MemoryBroker()
         if partitions is not None:
             self._ensure(partitions)
@@ -157,8 +167,10 @@ class MemoryLog(EventLog):
         self, key: str, value: bytes, headers: Sequence[tuple[str, bytes]] = ()
     ) -> Position:
         topic = self._existing()
+        encoded = key.encode()
+        check_record_size(self.topic, encoded, value, headers, self.max_record_bytes)
         partition = partition_for(key, len(topic.partitions))
-        return topic.append(partition, key.encode(), value, headers)
+        return topic.append(partition, encoded, value, headers)
 
     def reader(self) -> LogReader:
         return MemoryReader(self.broker, self.topic)

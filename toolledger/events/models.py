@@ -25,7 +25,12 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 
 #: Version of the event schemas *and* of the decider's rules. A rule change that would fold an
 #: old log differently ships with a new version; the recorded-log fixture test guards it.
-SCHEMA_VERSION = 1
+#: Version 2: a late outcome that contradicts an operator's or reconcile hook's settlement
+#: flags the call contested (`CONTESTED_SINCE`); a v1 event never does, so v1 logs fold as
+#: they always did.
+SCHEMA_VERSION = 2
+#: The first event schema version whose late outcomes can contest a settled call.
+CONTESTED_SINCE = 2
 
 Source = Literal["runtime", "reconcile", "operator"]
 ResolvedOutcome = Literal["completed", "failed"]
@@ -200,6 +205,9 @@ class CallReserved(CallEvent):
     #: A warning the driver wants in the key's history (schema v2), e.g. a duplicate intent
     #: that policy allowed to run.
     warning: str | None = None
+    #: Arguments too large to travel inline (schema v3): the SHA-256 of their text, stored as a
+    #: blob in the ledger before this event was appended; `arguments_json` is then "".
+    arguments_blob: str | None = None
 
 
 class CallCompleted(CallEvent):
@@ -211,6 +219,9 @@ class CallCompleted(CallEvent):
     result_reference: str | None = None
     source: Literal["runtime", "reconcile"] = "runtime"
     expected_version: Long | None = None
+    #: A result too large to travel inline (schema v2): the SHA-256 of its text, stored as a
+    #: blob in the ledger before this event was appended; `result_json` is then "".
+    result_blob: str | None = None
 
 
 class CallFailed(CallEvent):
@@ -251,6 +262,10 @@ class ReconcileAttempted(CallEvent):
     detail: str = ""
 
 
+#: Operator-event fields added after v1 (see `OperatorEvent.signing_body`).
+_SIGNED_SINCE_V1 = ("value_blob",)
+
+
 class OperatorEvent(CallEvent):
     """A decision by a person, signed by the operator API so a runtime cannot forge one."""
 
@@ -260,8 +275,16 @@ class OperatorEvent(CallEvent):
     signature: Signature | None = None
 
     def signing_body(self) -> bytes:
-        """The bytes the signature covers: the canonical JSON of everything but the signature."""
+        """The bytes the signature covers: the canonical JSON of everything but the signature.
+
+        Fields added after v1 are left out while they are None, so the body of an event that
+        does not use them is byte for byte what it was when it was signed, and old signatures
+        in the log still verify after an upgrade.
+        """
         body = self.model_dump(mode="json", exclude={"signature"})
+        for name in _SIGNED_SINCE_V1:
+            if body.get(name, 0) is None:
+                del body[name]
         return canonical_json(body).encode()
 
 
@@ -272,6 +295,9 @@ class CallResolved(OperatorEvent):
     outcome: ResolvedOutcome
     value_json: str | None = None
     result_reference: str | None = None
+    #: A value too large to travel inline (schema v2), as `CallCompleted.result_blob`. The
+    #: signature covers the digest, which covers the text.
+    value_blob: str | None = None
 
 
 class CallApproved(OperatorEvent):
@@ -328,6 +354,8 @@ class RunCheckpointed(RunEvent):
     expected_version: Long
     tool_call_ids: tuple[str, ...] = ()
     state_json: str = "{}"
+    #: A transcript too large to travel inline (schema v2), as `CallCompleted.result_blob`.
+    state_blob: str | None = None
 
 
 class RunPaused(RunEvent):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -62,6 +62,7 @@ Reason = Literal[
     "quarantined",
     "unsigned",
     "bad_signature",
+    "contested",
 ]
 
 
@@ -91,12 +92,42 @@ class CallRecord(BaseModel):
     operator: str | None = None
     reason: str | None = None
     reconcile_attempts: int = 0
+    #: A settled call whose late outcome for the settled reservation contradicts how it was
+    #: settled (schema v2): `failed` by an operator or reconcile, then a `completed` arrived (or
+    #: the reverse). Not a status: the call keeps its status, but a contested `failed` call is
+    #: not rerunnable until an operator decides again. `contested_evidence` says what arrived.
+    contested: bool = False
+    contested_evidence: str | None = None
+    #: Arguments / result stored by reference (SHA-256 of the text, `toolledger.events.payloads`);
+    #: the text field is then "" until a reader restores it from the blob.
+    arguments_blob: str | None = None
+    result_blob: str | None = None
     created_at: datetime
     updated_at: datetime
 
     @property
     def idempotency_key(self) -> str:
         return self.key
+
+    def ledger_form(self) -> dict[str, Any]:
+        """The record as digests and the recorded-log fixture cover it: its JSON dump without
+        the fields added after schema v1 while they hold their defaults, so a log that never
+        used them folds to the same digest as before they existed."""
+        return _without_new_defaults(self, _CALL_FIELDS_SINCE_V1)
+
+
+#: CallRecord fields added after schema v1; `ledger_form` leaves them out at their defaults.
+_CALL_FIELDS_SINCE_V1 = ("contested", "contested_evidence", "arguments_blob", "result_blob")
+_RUN_FIELDS_SINCE_V1 = ("state_blob",)
+
+
+def _without_new_defaults(record: BaseModel, added: tuple[str, ...]) -> dict[str, Any]:
+    dumped = record.model_dump(mode="json")
+    fields = type(record).model_fields
+    for name in added:
+        if dumped[name] == fields[name].default:
+            del dumped[name]
+    return dumped
 
 
 class RunRecord(BaseModel):
@@ -116,18 +147,26 @@ class RunRecord(BaseModel):
     agent: str = ""
     checkpoint_calls: tuple[str, ...] = ()
     state_json: str = "{}"
+    #: The transcript stored by reference (as `CallRecord.result_blob`); `state_json` is then "".
+    state_blob: str | None = None
     waiting_on: str | None = None
     abandoned: tuple[str, ...] = ()
     quarantined: bool = False
     quarantine_reason: str | None = None
     updated_at: datetime | None = None
 
+    def ledger_form(self) -> dict[str, Any]:
+        """As `CallRecord.ledger_form`: the fields added after v1 left out at their defaults."""
+        return _without_new_defaults(self, _RUN_FIELDS_SINCE_V1)
+
 
 class Verdict(BaseModel):
     """What the decider said about one event, and the state it left behind.
 
-    `call`/`run` are the records *after* the event (unchanged when rejected, `None` if none
-    exists), so a waiter learns the ledger's truth from the verdict alone.
+    `call`/`run` are the records *after* the event (`None` if none exists), so a waiter learns
+    the ledger's truth from the verdict alone. A rejected event leaves them unchanged, with one
+    exception: a late outcome that contradicts a settlement is rejected *and* flags the call
+    `contested` (one version later).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")

@@ -24,6 +24,7 @@ from typing import Any, TypedDict, assert_never
 
 from toolledger.events.lifecycle import CLOCK_SKEW_GRACE
 from toolledger.events.models import CallCompleted, CallFailed, ReconcileAttempted
+from toolledger.events.payloads import bounded_text
 from toolledger.events.records import CallRecord
 from toolledger.runtime.context import ToolContext
 from toolledger.runtime.tools import ReconcileOutcome, Tool
@@ -52,7 +53,7 @@ def finding_for(
         "tenant_id": record.tenant_id,
         "occurred_at": now,
     }
-    detail = found.detail
+    detail = bounded_text(found.detail)  # for people; a hook's essay must not stall the finding
     match found.status:
         case "completed":
             return CallCompleted(

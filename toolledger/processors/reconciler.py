@@ -188,6 +188,8 @@ class Reconciler:
             if not await self._still_current(record):
                 self._asked.add(mark)  # the table lags the ledger; wait for it to catch up
                 return
+            # The hook reads the arguments: restore them if they travel by reference.
+            record = await self.commands.restored_call(record)
             found = await ask_hook(tool, record, self.clock())
             finding = finding_for(record, tool, found, self.clock())
             try:

@@ -57,6 +57,10 @@ CALL_TYPES: dict[str, str] = {
     "operator": "text",
     "reason": "text",
     "reconcile_attempts": "integer",
+    "contested": "boolean",
+    "contested_evidence": "text",
+    "arguments_blob": "text",
+    "result_blob": "text",
     "created_at": "timestamptz",
     "updated_at": "timestamptz",
 }
@@ -83,6 +87,7 @@ RUN_TYPES: dict[str, str] = {
     "agent": "text",
     "checkpoint_calls": "text[]",
     "state_json": "text",
+    "state_blob": "text",
     "waiting_on": "text",
     "abandoned": "text[]",
     "quarantined": "boolean",

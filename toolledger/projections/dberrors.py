@@ -16,3 +16,14 @@ DATABASE_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.InterfaceError,
     asyncpg.InternalClientError,
 )
+
+#: SQLSTATE classes of errors that pass: a lost connection (08), the server shutting down or
+#: starting (57), a resource running out (53), a transaction to retry (40).
+_TRANSIENT_CLASSES = frozenset({"08", "57", "53", "40"})
+
+
+def transient_database_error(exc: BaseException) -> bool:
+    """Whether trying again later can succeed: the connection or the server, not the request."""
+    if isinstance(exc, asyncpg.PostgresError):
+        return str(getattr(exc, "sqlstate", "") or "")[:2] in _TRANSIENT_CLASSES
+    return True

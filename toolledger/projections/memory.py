@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from datetime import datetime
 
 from toolledger.events.fold import DeadLetter, HistoryEntry, LedgerFold, Positioned
@@ -52,6 +52,7 @@ class MemoryLedger(LedgerStore):
         self._history_by_key: dict[str, list[HistoryEntry]] = {}
         self._published: dict[int, int] = {}
         self._registered = VerifyKeys()
+        self._blobs: dict[str, bytes] = {}
 
     @property
     def fold(self) -> LedgerFold:
@@ -186,6 +187,13 @@ class MemoryLedger(LedgerStore):
 
     async def facts_published(self, partition: int) -> int:
         return self._published.get(partition, 0)
+
+    async def put_blobs(self, blobs: Mapping[str, bytes]) -> None:
+        for digest, data in blobs.items():
+            self._blobs.setdefault(digest, bytes(data))
+
+    async def get_blobs(self, digests: Collection[str]) -> dict[str, bytes]:
+        return {d: self._blobs[d] for d in digests if d in self._blobs}
 
     async def mark_facts_published(self, partition: int, offset: int) -> None:
         self._published[partition] = max(offset, self._published.get(partition, 0))

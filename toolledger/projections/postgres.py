@@ -30,7 +30,7 @@ import hashlib
 import logging
 import os
 import uuid
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import datetime
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
@@ -154,6 +154,11 @@ _FACTS = (
     'WHERE partition = $1 AND "offset" >= $2 ORDER BY "offset" LIMIT $3'
 )
 _FACTS_PUBLISHED = "SELECT published_offset FROM facts_offsets WHERE partition = $1"
+_PUT_BLOBS = (
+    "INSERT INTO payload_blobs (digest, size, data) "
+    "SELECT * FROM unnest($1::text[], $2::bigint[], $3::bytea[]) ON CONFLICT (digest) DO NOTHING"
+)
+_GET_BLOBS = "SELECT digest, data FROM payload_blobs WHERE digest = ANY($1::text[])"
 _MARK_FACTS_PUBLISHED = (
     "INSERT INTO facts_offsets (partition, published_offset) VALUES ($1, $2) "
     "ON CONFLICT (partition) DO UPDATE SET published_offset = "
@@ -195,6 +200,8 @@ def _list_calls_sql(query: CallQuery) -> tuple[str, list[Any]]:
     if query.started_deadline_before is not None:
         before = arg(query.started_deadline_before)
         where.append(f"(status <> 'started' OR deadline < {before}::timestamptz)")
+    if query.contested is not None:
+        where.append(f"contested = {arg(query.contested)}")
     if query.after is not None:
         at, key = query.after
         where.append(f"(updated_at, key) > ({arg(at)}::timestamptz, {arg(key)}::text)")
@@ -591,6 +598,20 @@ class PostgresLedger(LedgerStore):
             )
             for r in rows
         ]
+
+    async def put_blobs(self, blobs: Mapping[str, bytes]) -> None:
+        if not blobs:
+            return
+        digests = list(blobs)
+        await self._db.execute(
+            _PUT_BLOBS, digests, [len(blobs[d]) for d in digests], [blobs[d] for d in digests]
+        )
+
+    async def get_blobs(self, digests: Collection[str]) -> dict[str, bytes]:
+        if not digests:
+            return {}
+        rows = await self._db.fetch(_GET_BLOBS, list(digests))
+        return {row["digest"]: bytes(row["data"]) for row in rows}
 
     async def facts_published(self, partition: int) -> int:
         published = await self._db.fetchval(_FACTS_PUBLISHED, partition)

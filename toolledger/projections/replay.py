@@ -5,10 +5,16 @@ same history with the same verdicts, the same digest. `replay()` folds with the 
 projector uses (`decode_records` and `LedgerStore.apply_batch`), up to the offsets the live
 ledger has reached, so a comparison with the live ledger is exact even while it keeps running
 (the live side is re-read at the same offsets until both agree or a real difference remains).
+
+The fold needs no payload blobs (events and records carry digests, `toolledger.events.payloads`),
+so a replay gives the same digest whether or not they survive; `copy_blobs` then brings the
+blobs the replayed history names over from the live store, checked against their digests, so
+the new schema can serve the texts too.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,6 +22,7 @@ from datetime import datetime
 
 from toolledger.events.fold import broken_chains
 from toolledger.events.log import EventLog, LogIdentityError
+from toolledger.events.payloads import OFFLOADABLE, digest_of
 from toolledger.projections.decoding import decode_records
 from toolledger.projections.store import LedgerSnapshot, LedgerStore
 
@@ -36,7 +43,11 @@ class ReplayReport:
 
     @property
     def identical(self) -> bool:
-        return self.live_digest is not None and self.live_digest == self.replay_digest
+        return (
+            self.live_digest is not None
+            and self.live_digest == self.replay_digest
+            and not self.differences
+        )
 
 
 async def replay(
@@ -117,6 +128,37 @@ def shown(value: object) -> str:
     if isinstance(value, str):
         return value or "''"
     return str(value)
+
+
+_BLOB_FIELDS = frozenset(blob for pairs in OFFLOADABLE.values() for _, blob in pairs)
+
+
+def referenced_blobs(snapshot: LedgerSnapshot) -> set[str]:
+    """Every digest the history of `snapshot` names (records only copy digests from it)."""
+    found: set[str] = set()
+    for entry in snapshot.history:
+        if '_blob":' in entry.event_json:
+            event = json.loads(entry.event_json)
+            found.update(event[f] for f in _BLOB_FIELDS if isinstance(event.get(f), str))
+    return found
+
+
+async def copy_blobs(source: LedgerStore, into: LedgerStore) -> list[str]:
+    """Copy the blobs `into`'s history references from `source`; what could not be copied
+    (missing in `source`, or not matching its digest), one sentence each."""
+    wanted = referenced_blobs(await into.snapshot())
+    found = await source.get_blobs(wanted)
+    good = {d: data for d, data in found.items() if digest_of(data) == d}
+    await into.put_blobs(good)
+    problems = [
+        f"blob {d} is named by the log but missing from the live ledger's payload_blobs"
+        for d in sorted(wanted - set(found))
+    ]
+    problems += [
+        f"blob {d} in the live ledger's payload_blobs does not match its digest"
+        for d in sorted(set(found) - set(good))
+    ]
+    return problems
 
 
 def compare(live: LedgerSnapshot, replayed: LedgerSnapshot, limit: int = 20) -> list[str]:

@@ -85,7 +85,8 @@ class CallQuery:
     first, and the key breaks ties so the order is total. `after` is the `(updated_at, key)` of
     the last call of the previous page (keyset pagination: a page never skips or repeats a call
     that did not change in between). `tenant_id=None` lists every tenant (admin tools only; the
-    operator API always passes the token's tenant). Empty `statuses` means any status.
+    operator API always passes the token's tenant). Empty `statuses` means any status;
+    `contested=True` lists only contested calls (False: only the others; None: both).
     `started_deadline_before` keeps only the `started` calls whose deadline passed before it
     (the console's queue lists overdue calls, not ones still running in time).
     """
@@ -94,6 +95,7 @@ class CallQuery:
     statuses: frozenset[CallStatus] = frozenset()
     tool: str | None = None
     run_id: str | None = None
+    contested: bool | None = None
     after: tuple[datetime, str] | None = None
     limit: int = 50
     started_deadline_before: datetime | None = None
@@ -106,6 +108,7 @@ class CallQuery:
             and (overdue is None or call.status != "started" or call.deadline < overdue)
             and (self.tool is None or call.tool == self.tool)
             and (self.run_id is None or call.run_id == self.run_id)
+            and (self.contested is None or call.contested == self.contested)
             and (self.after is None or (call.updated_at, call.key) > self.after)
         )
 
@@ -276,6 +279,16 @@ class LedgerStore(ABC):
     @abstractmethod
     async def registered_keys(self) -> VerifyKeys:
         """The public keys this ledger's projectors registered (empty before any started)."""
+
+    @abstractmethod
+    async def put_blobs(self, blobs: Mapping[str, bytes]) -> None:
+        """Store payloads by their digest (`toolledger.events.payloads.digest_of`), durably,
+        before the event that references them is appended. Content-addressed: storing a blob
+        again changes nothing. Blobs are never changed or removed."""
+
+    @abstractmethod
+    async def get_blobs(self, digests: Collection[str]) -> dict[str, bytes]:
+        """The stored payloads among `digests`; a digest with no blob is left out."""
 
     @abstractmethod
     async def facts_since(self, partition: int, offset: int, limit: int) -> list[Fact]:

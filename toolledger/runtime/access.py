@@ -9,6 +9,9 @@ rules of docs/architecture.md that must not drift apart:
   the log; the runtime may wait a long time for the projector, but it never reports a guess.
   Only closing the ledger ends the wait.
 
+Every record handed back here has its payloads restored: a result or arguments stored by
+reference (`toolledger.events.payloads`) read as if they had been inline.
+
 Reads go through the stack's `CallReads` (`toolledger.projections.reads`): with many runs in
 flight, the reads asked while one is under way share the next query.
 """
@@ -79,12 +82,13 @@ class LedgerAccess:
     async def read_call(self, key: str) -> CallRecord | None:
         """The key's record; `LedgerUnavailable` (nothing ran) if the store cannot be read."""
         try:
-            return await self.stack.call_reads.get(key)
+            record = await self.stack.call_reads.get(key)
         except DATABASE_ERRORS as exc:
             raise LedgerUnavailable(
                 f"cannot read the ledger record of {key} ({exc}); the call was not attempted. "
                 "Call again once PostgreSQL is reachable."
             ) from exc
+        return None if record is None else await self.stack.commands.restored_call(record)
 
     async def read_run(self, run_id: str) -> RunRecord | None:
         """The run's record; `LedgerUnavailable` if the store cannot be read."""
@@ -115,7 +119,8 @@ class LedgerAccess:
 
     async def settle(self, event: CallEvent) -> Verdict:
         """Append a finding (a reconcile result) and await its verdict, within the timeout."""
-        return await self.stack.commands.append_and_await(event, self.verdict_timeout)
+        verdict = await self.stack.commands.append_and_await(event, self.verdict_timeout)
+        return await self.stack.commands.restored_verdict(verdict)
 
     async def await_verdict(self, event: CallEvent) -> Verdict:
         """The verdict of an appended outcome, however long the projector takes."""
@@ -125,7 +130,8 @@ class LedgerAccess:
         waited = 0.0
         while True:
             try:
-                return await self.stack.waiter.wait(event_id, self.verdict_timeout)
+                verdict = await self.stack.waiter.wait(event_id, self.verdict_timeout)
+                return await self.stack.commands.restored_verdict(verdict)
             except LedgerUnavailable as exc:
                 if self.closing:
                     raise LedgerUnavailable(

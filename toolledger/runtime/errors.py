@@ -28,7 +28,9 @@ __all__ = [
     "RunSuperseded",
     "TenantMismatchError",
     "ToolArgumentsError",
+    "ToolArgumentsTooLarge",
     "ToolCallAwaitingApproval",
+    "ToolCallContested",
     "ToolCallError",
     "ToolCallFailed",
     "ToolCallInProgress",
@@ -36,6 +38,7 @@ __all__ = [
     "ToolFailedError",
     "ToolNotAttemptedError",
     "ToolResultUnreadable",
+    "ToolResultUnrecordable",
 ]
 
 
@@ -97,6 +100,23 @@ class ToolArgumentsError(ToolCallError, ValueError):
             key=key,
             tool=tool,
         )
+
+
+class ToolArgumentsTooLarge(ToolArgumentsError):
+    """The arguments are larger than toolledger records; nothing was reserved or run."""
+
+    def __init__(self, *, key: str, tool: str, size: int, limit: int) -> None:
+        ToolCallError.__init__(
+            self,
+            f"call {call_label(tool, key)} was not made: its arguments are {size} bytes, more "
+            f"than the {limit} bytes toolledger records (TOOLLEDGER_PAYLOAD_MAX_BYTES). Pass a "
+            "reference to the data (an id, a URL) instead of the data; nothing was reserved or "
+            "run.",
+            key=key,
+            tool=tool,
+        )
+        self.size = size
+        self.limit = limit
 
 
 class KeyConflictError(ToolCallError):
@@ -168,6 +188,55 @@ class ToolCallIndeterminate(ToolCallError):
             tool=name,
         )
         self.record = record
+
+
+class ToolCallContested(ToolCallIndeterminate):
+    """The call was settled, then evidence arrived that says otherwise; an operator decides.
+
+    A `ToolCallIndeterminate` (nobody can say what happened without looking), so every handler
+    of unknown calls (an `AgentRun` under `on_indeterminate: pause`) treats it the same way.
+    """
+
+    def __init__(self, record: CallRecord, *, tool: str | None = None) -> None:
+        name = tool or record.tool
+        who: str = record.settled_by or "nobody"
+        if record.operator is not None and record.settled_by == "operator":
+            who = f"operator {record.operator}"
+        why = f" ({record.reason})" if record.reason else ""
+        evidence = record.contested_evidence or "a late outcome contradicted it"
+        ToolCallError.__init__(
+            self,
+            f"call {call_label(name, record.key)} is contested: {who} settled it "
+            f"{record.status}{why}, but then {evidence}. It will not be run again until an "
+            f"operator decides again: look idempotency key {record.key} up in the other system, "
+            f"then resolve it with `toolledger executions resolve {record.key} --outcome "
+            f"completed|failed --reason ... --expected-version {record.version}`.",
+            key=record.key,
+            tool=name,
+        )
+        self.record = record
+
+
+class ToolResultUnrecordable(ToolCallIndeterminate):
+    """The tool ran, and its outcome could not be recorded; the call is recorded indeterminate.
+
+    A `ToolCallIndeterminate`: the effect may well have happened, so nothing runs it again, and
+    an `AgentRun` under `on_indeterminate: pause` pauses on it like on any unknown call.
+    """
+
+    def __init__(self, record: CallRecord, *, tool: str, why: str) -> None:
+        ToolCallError.__init__(
+            self,
+            f"call {call_label(tool, record.key)} ran, but its outcome could not be recorded: "
+            f"{why}. It is recorded indeterminate and will not run again by itself. Look "
+            f"idempotency key {record.key} up in the other system, then resolve it with "
+            f"{resolve_command(record.key)} (a completed resolution may carry a smaller value, "
+            "or none).",
+            key=record.key,
+            tool=tool,
+        )
+        self.record = record
+        self.why = why
 
 
 class ToolCallFailed(ToolCallError):

@@ -15,7 +15,13 @@ the flow of docs/architecture.md ("A call, step by step"):
 5. append the outcome. Inside the reservation's deadline it returns on Kafka's acknowledgement
    (nobody else may settle the call before then, so the verdict can only agree); later, it
    awaits the verdict without ever giving up and returns the ledger's truth, which is an
-   operator's decision rather than this late result if one was made meanwhile.
+   operator's decision rather than this late result if one was made meanwhile. An outcome
+   that cannot be recorded at all (a result over TOOLLEDGER_PAYLOAD_MAX_BYTES, or one the
+   store refuses) is replaced by `indeterminate` naming why, and `ToolResultUnrecordable` is
+   raised at once: never a call `started` forever.
+
+Large arguments and results travel by reference (`toolledger.events.payloads`); arguments
+over the maximum are refused before anything is reserved (`ToolArgumentsTooLarge`).
 
 The embedded default is `await Ledger.memory()`; production is `await Ledger.connect()`.
 """
@@ -33,12 +39,15 @@ from typing import Any, Self, TypeVar
 
 from pydantic import ValidationError
 
+from toolledger.events.log import RecordTooLarge
 from toolledger.events.models import (
     CallAbandoned,
+    CallIndeterminate,
     CallReserved,
     call_key,
     utcnow,
 )
+from toolledger.events.payloads import PayloadError, PayloadLimits
 from toolledger.events.records import CallRecord, RunRecord
 from toolledger.events.signing import SigningKey
 from toolledger.runtime import replay
@@ -46,12 +55,20 @@ from toolledger.runtime.access import LedgerAccess
 from toolledger.runtime.errors import (
     LedgerUnavailable,
     ToolArgumentsError,
+    ToolArgumentsTooLarge,
     ToolCallAwaitingApproval,
+    ToolResultUnrecordable,
     call_label,
 )
 from toolledger.runtime.executor import Attempted, CallIdentity, Indeterminate, execute
 from toolledger.runtime.outcome import ToolOutcome, own_outcome, settled_outcome, unsettled_error
-from toolledger.runtime.recording import AckedOutcomes, BackgroundAppends, outcome_event
+from toolledger.runtime.recording import (
+    AckedOutcomes,
+    BackgroundAppends,
+    Outcome,
+    outcome_event,
+    unrecordable_event,
+)
 from toolledger.runtime.tools import PreparedCall, Tool
 from toolledger.settings import ProjectorSettings, Settings, load_settings
 from toolledger.stack import LedgerStack
@@ -83,6 +100,7 @@ class Ledger(LedgerAccess):
         self._owns_stack = owns_stack
         self._background = BackgroundAppends()
         self._acked = AckedOutcomes()
+        self._unrecordable: dict[object, tuple[CallIndeterminate, str]] = {}
         self._closing = False
 
     @classmethod
@@ -92,15 +110,17 @@ class Ledger(LedgerAccess):
         *,
         verdict_timeout: float = 10.0,
         clock: Callable[[], datetime] = utcnow,
+        payload_limits: PayloadLimits | None = None,
     ) -> Ledger:
         """The embedded ledger: memory log, memory store, in-process projector.
 
         It plays every role in one process, so it keeps an operator's signing key
         (`embedded_signing_key`; without `signing_key` a fresh one is made) to sign approvals
         and resolutions that its own projector verifies. `connect()` keeps no key.
+        `payload_limits` default to the settings' defaults (docs/payloads.md).
         """
         key = signing_key or SigningKey.generate(f"local-{secrets.token_hex(4)}")
-        stack = await LedgerStack.memory(verify_keys=key.verify_keys())
+        stack = await LedgerStack.memory(verify_keys=key.verify_keys(), limits=payload_limits)
         return cls(
             stack,
             verdict_timeout=verdict_timeout,
@@ -195,6 +215,9 @@ class Ledger(LedgerAccess):
                 f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}" for e in exc.errors()
             )
             raise ToolArgumentsError(key=who.key, tool=tool.name, problems=problems) from None
+        size, limit = len(prepared.arguments_json.encode()), self.stack.commands.limits.max_bytes
+        if size > limit:
+            raise ToolArgumentsTooLarge(key=who.key, tool=tool.name, size=size, limit=limit)
         record = await self.read_call(who.key)
         if record is not None:
             record = await self._own_acked_outcome(record)
@@ -235,6 +258,7 @@ class Ledger(LedgerAccess):
                 "is being abandoned in the background; calling again with the same tool_call_id "
                 "is safe once the ledger is reachable."
             ) from exc
+        verdict = await self.stack.commands.restored_verdict(verdict)
         if not verdict.accepted:
             return await replay.lost_reservation(self, tool, prepared, who, verdict, run_version)
         if verdict.call is not None and verdict.call.status == "awaiting_approval":
@@ -242,7 +266,7 @@ class Ledger(LedgerAccess):
 
         def record_cancelled(ended: Attempted) -> None:
             event = outcome_event(self.envelope(who, self.clock()), reserved.reservation_id, ended)
-            self._background.spawn(self.append_until_landed(event), f"outcome of {who.key}")
+            self._background.spawn(self._land(who, event, False), f"outcome of {who.key}")
 
         ended = await execute(tool, prepared, who, clock=self.clock, on_cancel=record_cancelled)
         return await self._record(tool, who, reserved, ended)
@@ -253,8 +277,11 @@ class Ledger(LedgerAccess):
         event = outcome_event(self.envelope(who, self.clock()), reserved.reservation_id, ended)
         # Shielded: a caller that gives up now must not take the outcome of a tool that ran
         # down with it; the append carries on in the background until it lands.
-        landing = self._background.spawn(self.append_until_landed(event), f"outcome of {who.key}")
+        landing = self._background.spawn(self._land(who, event, True), f"outcome of {who.key}")
         await asyncio.shield(landing)
+        unrecordable = self._unrecordable.pop(event.event_id, None)
+        if unrecordable is not None:
+            return await self._unrecorded(tool, *unrecordable)
         if not isinstance(ended, Indeterminate) and self.clock() < reserved.deadline:
             self._acked.remember(who.key, reserved.reservation_id, event.event_id)
             return own_outcome(tool, who.key, ended)
@@ -271,6 +298,37 @@ class Ledger(LedgerAccess):
                 verdict.reason,
                 verdict.detail,
             )
+        outcome = settled_outcome(tool, truth, replayed=False)
+        if outcome is None:
+            raise unsettled_error(tool.name, truth)
+        return outcome
+
+    async def _land(self, who: CallIdentity, event: Outcome, awaited: bool) -> None:
+        """Append an outcome until it lands; one that can never be recorded (too large, refused
+        by the store) is replaced by `indeterminate` saying why, so the call is never left
+        `started`. `awaited`: the caller picks the replacement up from `_unrecordable`."""
+        try:
+            await self.append_until_landed(event)
+        except (PayloadError, RecordTooLarge) as exc:
+            log.error(
+                "the outcome of %s cannot be recorded (%s); recording it unknown", who.key, exc
+            )
+            fallback = unrecordable_event(self.envelope(who, self.clock()), event, str(exc))
+            await self.append_until_landed(fallback)
+            if awaited:
+                self._unrecordable[event.event_id] = (fallback, str(exc))
+
+    async def _unrecorded(
+        self, tool: Tool[Any, T], fallback: CallIndeterminate, why: str
+    ) -> ToolOutcome[T]:
+        """The answer when the tool's outcome could not be recorded: the ledger's truth, which
+        is the `indeterminate` put in its place unless someone settled the call meanwhile."""
+        verdict = await self.await_verdict(fallback)
+        truth = verdict.call
+        if truth is None:
+            raise AssertionError(f"the verdict on the outcome of {fallback.key} has no record")
+        if truth.status == "indeterminate":
+            raise ToolResultUnrecordable(truth, tool=tool.name, why=why)
         outcome = settled_outcome(tool, truth, replayed=False)
         if outcome is None:
             raise unsettled_error(tool.name, truth)

@@ -22,6 +22,7 @@ from toolledger.events.lifecycle import CLOCK_SKEW_GRACE
 from toolledger.events.records import CallRecord, CallStatus, SettledBy
 from toolledger.runtime.errors import (
     ToolCallAwaitingApproval,
+    ToolCallContested,
     ToolCallError,
     ToolCallFailed,
     ToolCallIndeterminate,
@@ -144,8 +145,10 @@ def recorded_outcome(tool: Tool[Any, T], record: CallRecord, *, replayed: bool) 
 def settled_outcome(
     tool: Tool[Any, T], record: CallRecord, *, replayed: bool
 ) -> ToolOutcome[T] | None:
-    """The outcome of a settled record; raises for an unknown or unapproved call; None while
-    the call may still be running (`started`, `approved`)."""
+    """The outcome of a settled record; raises for an unknown or unapproved call and for a
+    contested failed one; None while the call may still be running (`started`, `approved`)."""
+    if record.contested and record.status == "failed":
+        raise ToolCallContested(record, tool=tool.name)
     match record.status:
         case "completed" | "failed" | "compensating" | "compensated":
             return recorded_outcome(tool, record, replayed=replayed)

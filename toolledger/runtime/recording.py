@@ -25,14 +25,18 @@ from collections import OrderedDict
 from collections.abc import Coroutine
 from typing import Any
 
-from toolledger.events.models import CallCompleted, CallEvent, CallFailed, CallIndeterminate
+from toolledger.events.models import CallCompleted, CallFailed, CallIndeterminate
+from toolledger.events.payloads import bounded_text
 from toolledger.runtime.access import Envelope
 from toolledger.runtime.executor import Attempted, Completed, Indeterminate
 
 log = logging.getLogger("toolledger.runtime")
 
 
-def outcome_event(envelope: Envelope, reservation_id: uuid.UUID, ended: Attempted) -> CallEvent:
+Outcome = CallCompleted | CallFailed | CallIndeterminate
+
+
+def outcome_event(envelope: Envelope, reservation_id: uuid.UUID, ended: Attempted) -> Outcome:
     """The `completed` / `failed` / `indeterminate` request for how the tool ended."""
     if isinstance(ended, Completed):
         return CallCompleted(
@@ -42,15 +46,28 @@ def outcome_event(envelope: Envelope, reservation_id: uuid.UUID, ended: Attempte
         return CallIndeterminate(
             **envelope,
             reservation_id=reservation_id,
-            error=ended.error,
+            error=bounded_text(ended.error),
             error_type=ended.error_type,
         )
     return CallFailed(
         **envelope,
         reservation_id=reservation_id,
-        error=ended.error,
+        error=bounded_text(ended.error),
         error_type=ended.error_type,
         not_attempted=ended.not_attempted,
+    )
+
+
+def unrecordable_event(envelope: Envelope, outcome: Outcome, why: str) -> CallIndeterminate:
+    """What is known when the outcome itself cannot be recorded: the tool ran, nobody can say
+    from the ledger what it did. Settled by reconcile or an operator like any unknown call."""
+    return CallIndeterminate(
+        **envelope,
+        reservation_id=outcome.reservation_id,
+        error=bounded_text(
+            f"the tool ran ({outcome.type}), but its outcome could not be recorded: {why}"
+        ),
+        error_type="ToolResultUnrecordable",
     )
 
 

@@ -5,6 +5,8 @@ rules, in the order `Ledger.call` applies them:
 
 - other arguments than recorded: `KeyConflictError`; the tool does not run;
 - `completed` (or compensated since): the recorded result, restored to the declared type;
+- `failed` and contested (a late outcome said it took effect): `ToolCallContested`, naming
+  the decision and the evidence; it does not run until an operator decides again;
 - `failed` or `approved`: nothing to answer here; the call reserves again and runs;
 - `awaiting_approval`: `ToolCallAwaitingApproval`;
 - `started` or `indeterminate`: nobody knows whether it took effect. If the tool has a reconcile
@@ -30,6 +32,7 @@ from typing import Any, TypeVar
 
 from toolledger.events.lifecycle import CLOCK_SKEW_GRACE
 from toolledger.events.models import CallCompleted, CallEvent, CallFailed
+from toolledger.events.payloads import bounded_text
 from toolledger.events.records import CallRecord, Verdict
 from toolledger.runtime.access import LedgerAccess
 from toolledger.runtime.context import ToolContext
@@ -38,6 +41,7 @@ from toolledger.runtime.errors import (
     RunQuarantined,
     RunSuperseded,
     TenantMismatchError,
+    ToolCallContested,
     ToolCallIndeterminate,
     ToolCallInProgress,
     call_label,
@@ -66,6 +70,8 @@ async def replay_known(
         raise KeyConflictError(
             key=who.key, tool=tool.name, recorded=record.args_digest, given=prepared.digest
         )
+    if record.status == "failed" and record.contested:
+        raise ToolCallContested(record, tool=tool.name)
     if record.status in ("failed", "approved"):
         return None
     if record.status in ("started", "indeterminate"):
@@ -95,7 +101,7 @@ async def _reconcile(
             finding = CallFailed(
                 **envelope,
                 reservation_id=record.reservation_id,
-                error=found.detail or "the reconcile hook found no effect",
+                error=bounded_text(found.detail) or "the reconcile hook found no effect",
                 source="reconcile",
                 expected_version=record.version,
             )
@@ -161,6 +167,8 @@ async def lost_reservation(
             return await _await_settled(io, tool, record)
         case "stale_driver" | "missing_run_version" | "unknown_run" | "run_finished":
             raise RunSuperseded(key=who.key, tool=tool.name, detail=verdict.detail)
+        case "contested" if record is not None:
+            raise ToolCallContested(record, tool=tool.name)
         case "quarantined":
             raise RunQuarantined(key=who.key, tool=tool.name, detail=verdict.detail)
         case "tenant_mismatch":

@@ -15,8 +15,10 @@ comes before any tool runs, so:
 Policies (`AgentConfig.tool_policy`) decide what the model hears. With `on_indeterminate:
 pause` the model never hears "failed" while the honest answer is "unknown": the run pauses in
 `awaiting_reconciliation` and, once the call is settled (reconciler or operator), resumes with
-the truth. The duplicate-intent guard holds a new call that repeats the tool and arguments of an
-unsettled call of the same run, so a model retrying with a new call id cannot charge twice.
+the truth; a contested call (settled failed, then evidence of an effect arrived) pauses it the
+same way until an operator decides again. The duplicate-intent guard holds a new call that
+repeats the tool and arguments of an unsettled call of the same run, so a model retrying with a
+new call id cannot charge twice.
 """
 
 from __future__ import annotations
@@ -230,6 +232,7 @@ class AgentRun:
                     )
                 warning = f"duplicate intent of {twin.key} ({twin.status}), allowed by policy"
             elif twin is not None and twin.key == self._held_on and twin.status == "completed":
+                twin = await self.ledger.stack.commands.restored_call(twin)
                 self._answer(request, "completed", twin.result_json or "null", twin.key)
                 return None
         try:
@@ -248,7 +251,7 @@ class AgentRun:
             return self._error(request, f"the call failed: {exc}")
         except ToolCallAwaitingApproval as exc:
             return _Pause("awaiting_approval", key, str(exc))
-        except (KeyConflictError, ToolArgumentsError) as exc:
+        except (KeyConflictError, ToolArgumentsError) as exc:  # ToolArgumentsTooLarge included
             return self._error(request, str(exc))
         if outcome.status == "completed":
             result = outcome.record.result_json if outcome.record is not None else None
@@ -328,7 +331,7 @@ class AgentRun:
         run = await self.ledger.read_run(self.run_id)
         if run is None:
             raise RunSuperseded.of_run(self.run_id, "the ledger has no such run")
-        return run
+        return await self.ledger.stack.commands.restored_run(run)
 
     def _envelope(self) -> dict[str, Any]:
         return {
@@ -348,6 +351,8 @@ def _settled_elsewhere(record: CallRecord | None) -> tuple[str, str] | None:
         return "compensated", json.dumps(
             f"the call took effect and was then compensated by an operator ({record.reason})"
         )
+    if record.status == "failed" and record.contested:
+        return None  # `Ledger.call` raises ToolCallContested: the run pauses or fails on it
     if record.status == "failed" and record.settled_by in ("operator", "reconcile"):
         why = record.reason or record.error or "no reason given"
         return "failed", json.dumps(f"the call did not take effect ({why})")
@@ -369,7 +374,7 @@ def wait_is_over(run: RunRecord, call: CallRecord | None) -> bool:
         return False
     if run.status == "awaiting_approval":
         return call.status != "awaiting_approval"
-    return call.status not in UNSETTLED
+    return call.status not in UNSETTLED and not (call.contested and call.status == "failed")
 
 
 async def resumable_runs(

@@ -1,0 +1,135 @@
+"""A late outcome that contradicts an operator never allows a silent rerun (issue 15, item 4).
+
+Found by trying it: a write timed out after sending (indeterminate), an operator resolved it
+`failed`, the tool's `completed` then arrived late and was rightly rejected, and a fresh
+`ledger.call` of the same key reserved again and ran the tool a second time. The call is now
+*contested*: `ledger.call` raises `ToolCallContested` (naming the key, the decision and the
+evidence) until an operator decides again. Every scenario runs on the memory ledger and on
+Kafka + PostgreSQL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from tests.contract.runtime_harness import (
+    SIGNING_KEY,
+    Clock,
+    Harness,
+    calls,
+    credit_then_hang,
+    reset,
+)
+from tests.fake_billing import FakeBilling, use_service
+from toolledger import Ledger, ProjectorSettings, ToolCallIndeterminate
+from toolledger.events.models import CallCompleted, CallResolved
+from toolledger.projections.store import CallQuery
+from toolledger.runtime.errors import ToolCallContested
+from toolledger.stack import LedgerStack
+
+
+@pytest.fixture(autouse=True)
+def _reset() -> None:
+    reset()
+
+
+async def _late_completed(h: Harness) -> None:
+    """The indeterminate call's own runtime reports, late, that the credit went through."""
+    record = await h.record("r1:c1")
+    verdict = await h.append(
+        CallCompleted(
+            key=record.key,
+            run_id=record.run_id,
+            tool_call_id=record.tool_call_id,
+            tenant_id=record.tenant_id,
+            occurred_at=h.clock(),
+            reservation_id=record.reservation_id,
+            result_json='{"credit_id":"cr_late"}',
+        )
+    )
+    assert (verdict.accepted, verdict.reason) == (False, "late_outcome")
+
+
+class ContestedScenarios:
+    async def _operator_failed_then_late_completed(self, h: Harness) -> None:
+        with pytest.raises(ToolCallIndeterminate):
+            await h.call(credit_then_hang)
+        record = await h.record("r1:c1", "indeterminate")
+        assert (await h.operator(CallResolved, record, outcome="failed")).accepted
+        await _late_completed(h)
+
+    async def test_a_contested_call_is_not_run_again_and_the_error_names_what_happened(
+        self, h: Harness
+    ) -> None:
+        """The ledger held proof that the first attempt took effect and ran the tool again."""
+        await self._operator_failed_then_late_completed(h)
+        record = await h.record("r1:c1")
+        assert (record.status, record.contested) == ("failed", True)
+        with pytest.raises(ToolCallContested) as raised:
+            await h.call(credit_then_hang)
+        message = str(raised.value)
+        assert "r1:c1" in message and "operator alice settled it failed" in message
+        assert "checked the billing console" in message and "late call_completed" in message
+        assert f"--expected-version {record.version}" in message
+        assert calls["credit_then_hang"] == 1 and h.service.effects("r1:c1") == 1
+        assert isinstance(raised.value, ToolCallIndeterminate)
+
+    async def test_an_operators_new_decision_settles_the_contest(self, h: Harness) -> None:
+        """After the operator decides again the call answers with that decision."""
+        await self._operator_failed_then_late_completed(h)
+        record = await h.record("r1:c1")
+        verdict = await h.operator(
+            CallResolved, record, outcome="completed", value_json='{"credit_id":"cr_late"}'
+        )
+        assert verdict.accepted, verdict.detail
+        settled = await h.record("r1:c1", "completed")
+        assert not settled.contested
+        outcome = await h.call(credit_then_hang)
+        assert outcome.status == "completed" and outcome.replayed
+        assert calls["credit_then_hang"] == 1
+
+    async def test_the_queue_lists_contested_calls(self, h: Harness) -> None:
+        """An operator must be able to find the calls that wait for a second decision."""
+        await self._operator_failed_then_late_completed(h)
+        listed = await h.stack.store.list_calls(CallQuery(tenant_id="acme", contested=True))
+        assert [c.key for c in listed] == ["r1:c1"]
+        assert await h.stack.store.list_calls(CallQuery(tenant_id="acme", contested=False)) == []
+
+
+class TestMemoryContested(ContestedScenarios):
+    @pytest.fixture
+    async def h(self, tmp_path: Path) -> AsyncIterator[Harness]:
+        clock = Clock()
+        service = use_service(FakeBilling(tmp_path / "billing.db"))
+        ledger = await Ledger.memory(SIGNING_KEY, verdict_timeout=5, clock=clock)
+        yield Harness(ledger, ledger.stack, service, clock, tmp_path)
+        await ledger.close()
+
+
+class TestKafkaPostgresContested(ContestedScenarios):
+    @pytest.fixture
+    async def h(
+        self, tmp_path: Path, pg_dsn: str, pg_schema: str, kafka_bootstrap: str, topic_prefix: str
+    ) -> AsyncIterator[Harness]:
+        clock = Clock()
+        service = use_service(FakeBilling(tmp_path / "billing.db"))
+        settings = ProjectorSettings(
+            database_url=pg_dsn,
+            kafka_bootstrap=kafka_bootstrap,
+            schema_name=pg_schema,
+            topic_prefix=topic_prefix + ".",
+            partitions=2,
+            verify_keys=SIGNING_KEY.verify_keys(),
+            verdict_timeout_s=5,
+        )
+        stack = await LedgerStack.connect(settings, run_projector=True)
+        ledger = Ledger.from_stack(stack, verdict_timeout=5, clock=clock)
+        yield Harness(ledger, stack, service, clock, tmp_path, settings)
+        await ledger.close()
+        await stack.close()
+
+
+del ContestedScenarios
