@@ -115,10 +115,10 @@ async def test_an_unknown_schema_halts_its_partition_until_a_reader_that_knows_i
     registry knows the writer schema resumes exactly where the old one stopped."""
     released = SchemaRegistry.packaged()
     fixture = SchemaRegistry.from_dirs(FIXTURE_SCHEMAS)
-    registry = SchemaRegistry([*released, *(s for s in fixture if s.version == 3)])
+    registry = SchemaRegistry([*released, *(s for s in fixture if s.version == 4)])
     settings = _settings(pg_dsn, kafka_bootstrap, pg_schema, topic_prefix)
     old = await LedgerStack.connect(settings, run_projector=True)
-    newer = next(s for s in registry.versions("CallReserved") if s.version == 3)
+    newer = next(s for s in registry.versions("CallReserved") if s.version == 4)
     future = b.reserved("future-run", "c1")
     _, datum = default_codec().to_datum(future)
     position = await old.events.append("future-run", frame(newer, {**datum, "attempt_limit": 3}))

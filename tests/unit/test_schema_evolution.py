@@ -3,9 +3,10 @@
 The general test walks whatever `.avsc` files are on disk and checks fastavro's resolution against
 the Avro specification's rules, written out here (`_resolved`): a field the writer lacks takes the
 reader's default, a symbol the reader lacks takes the enum's default. Released today: v1 of every
-type and CallReserved.v2 (the `warning` field). `schemas_fixture/` holds copies of the released
-CallReserved versions and a test-only, unreleased CallReserved.v3 (a new field with a default, a
-new effect symbol), to prove the machinery catches what it claims.
+type, CallReserved.v2 (the `warning` field) and CallReserved.v3 (`traceparent`, `tracestate`).
+`schemas_fixture/` holds copies of the released CallReserved versions and a test-only, unreleased
+CallReserved.v4 (a new field with a default, a new effect symbol), to prove the machinery catches
+what it claims.
 """
 
 from __future__ import annotations
@@ -68,6 +69,17 @@ def _datums(node: Any, named: dict[str, Any]) -> st.SearchStrategy[Any]:
         named[node["name"]] = node
         return st.binary(min_size=node["size"], max_size=node["size"])
     return _datums(kind, named)
+
+
+_STRATEGIES: dict[bytes, st.SearchStrategy[Any]] = {}
+
+
+def _strategy(schema: Any) -> st.SearchStrategy[Any]:
+    """The datums of `schema`, built once: rebuilding every strategy for every example made
+    input generation slow enough on a busy machine to fail Hypothesis's health check."""
+    if schema.fingerprint not in _STRATEGIES:
+        _STRATEGIES[schema.fingerprint] = _datums(schema.definition, {})
+    return _STRATEGIES[schema.fingerprint]
 
 
 _PROMOTIONS: dict[tuple[str, str], Callable[[Any], Any]] = {
@@ -146,7 +158,7 @@ def test_every_schema_version_reads_every_earlier_one(which: str, data: st.DataO
     for name in registry.names:
         versions = registry.versions(name)
         for index, writer in enumerate(versions):
-            datum = data.draw(_datums(writer.definition, {}), label=writer.label)
+            datum = data.draw(_strategy(writer), label=writer.label)
             framed = frame(writer, datum)
             for reader in versions[index:]:
                 resolved = unframe(registry, framed, reader=reader)
@@ -158,8 +170,8 @@ def test_every_schema_version_reads_every_earlier_one(which: str, data: st.DataO
 def test_the_fixture_gives_the_evolution_test_something_to_prove() -> None:
     """Without a future version on disk the general test would compare only released ones."""
     versions = REGISTRIES["fixture"].versions("CallReserved")
-    assert [v.version for v in versions] == [1, 2, 3]
-    assert len({v.fingerprint for v in versions}) == 3
+    assert [v.version for v in versions] == [1, 2, 3, 4]
+    assert len({v.fingerprint for v in versions}) == 4
 
 
 def test_the_fixtures_released_versions_are_the_released_ones() -> None:
@@ -187,8 +199,13 @@ def test_a_v1_record_reads_with_a_newer_reader_and_gets_the_new_fields_defaults(
     _, datum = default_codec().to_datum(_event())
     v1_datum = {k: v for k, v in datum.items() if k != "warning"}
     resolved = unframe(REGISTRIES["fixture"], frame(released_v1, v1_datum))
-    assert (resolved.writer.version, resolved.reader.version) == (1, 3)
-    assert resolved.value == v1_datum | {"warning": None, "attempt_limit": 1}
+    assert (resolved.writer.version, resolved.reader.version) == (1, 4)
+    assert resolved.value == v1_datum | {
+        "warning": None,
+        "traceparent": None,
+        "tracestate": None,
+        "attempt_limit": 1,
+    }
 
 
 @pytest.mark.parametrize(
@@ -198,10 +215,10 @@ def test_an_effect_symbol_unknown_to_the_v1_reader_reads_as_its_default(
     written: str, read: str
 ) -> None:
     """An old reader given a newer writer's schema must survive a symbol it has never seen."""
-    v1, _, v3 = REGISTRIES["fixture"].versions("CallReserved")
+    v1, *_, v4 = REGISTRIES["fixture"].versions("CallReserved")
     original = _event()
     _, datum = default_codec().to_datum(original)
-    framed = frame(v3, datum | {"effect": written, "attempt_limit": 3})
+    framed = frame(v4, datum | {"effect": written, "attempt_limit": 3})
     resolved = unframe(REGISTRIES["fixture"], framed, reader=v1)
     assert resolved.value["effect"] == read
     assert "attempt_limit" not in resolved.value
@@ -211,12 +228,12 @@ def test_an_effect_symbol_unknown_to_the_v1_reader_reads_as_its_default(
 
 def test_a_reader_without_the_writers_schema_halts_instead_of_guessing() -> None:
     """Defaults help only a reader that has the writer's schema: deploy readers before writers."""
-    *_, v3 = REGISTRIES["fixture"].versions("CallReserved")
+    *_, v4 = REGISTRIES["fixture"].versions("CallReserved")
     _, datum = default_codec().to_datum(_event())
     with pytest.raises(DecodeError) as caught:
-        decode(frame(v3, datum | {"attempt_limit": 3}))
+        decode(frame(v4, datum | {"attempt_limit": 3}))
     assert caught.value.reason == "unknown_fingerprint"
-    assert caught.value.fingerprint == v3.fingerprint.hex()
+    assert caught.value.fingerprint == v4.fingerprint.hex()
 
 
 def _enums(node: Any) -> list[dict[str, Any]]:
@@ -251,3 +268,20 @@ def test_a_schema_file_named_after_another_record_is_refused(tmp_path: Path) -> 
     shutil.copy(PACKAGED_DIR / "RunResumed.v1.avsc", tmp_path / "RunStarted.v2.avsc")
     with pytest.raises(ValueError, match="file name says"):
         SchemaRegistry.from_dirs(tmp_path)
+
+
+def test_a_reservations_trace_context_survives_the_codec_and_old_ones_read_without_it() -> None:
+    """A traceparent lost on the way through Kafka would cut the projector out of the trace."""
+    traced = _event().model_copy(
+        update={
+            "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            "tracestate": "vendor=opaque",
+        }
+    )
+    assert decode(default_codec().encode(traced)) == traced
+    released = SchemaRegistry.packaged().versions("CallReserved")
+    _, datum = default_codec().to_datum(traced)
+    v2_datum = {k: v for k, v in datum.items() if k not in ("traceparent", "tracestate")}
+    old = decode(frame(released[1], v2_datum))
+    assert isinstance(old, CallReserved)
+    assert (old.traceparent, old.tracestate) == (None, None)

@@ -198,6 +198,11 @@ class CallReserved(CallEvent):
     #: A warning the driver wants in the key's history (schema v2), e.g. a duplicate intent
     #: that policy allowed to run.
     warning: str | None = None
+    #: The W3C trace context (`traceparent`, `tracestate` headers) of the span that reserved the
+    #: call (schema v3), so the projector's apply and a reconciler's attempt join the call's
+    #: trace (docs/tracing.md). Never read by the decider.
+    traceparent: str | None = None
+    tracestate: str | None = None
 
 
 class CallCompleted(CallEvent):
