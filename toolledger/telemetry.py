@@ -71,6 +71,13 @@ def tracer() -> trace.Tracer:
 _TRACER = trace.get_tracer(SCOPE)
 
 
+def tracing_enabled() -> bool:
+    """Whether a tracer provider other than the API's default is installed: for decisions made
+    once at startup (reading the environment makes it too slow for a hot path)."""
+    provider = trace.get_tracer_provider()
+    return not isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
+
+
 def trace_context_of(span: Span) -> tuple[str | None, str | None]:
     """The W3C `traceparent` and `tracestate` of `span`, or `(None, None)` outside any trace."""
     context = span.get_span_context()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 
 import click
 
@@ -23,6 +24,8 @@ from toolledger.cli.projector import projector
 from toolledger.cli.reconciler import reconciler
 from toolledger.cli.resumer import resumer
 from toolledger.cli.tokens import tokens
+from toolledger.cli.tracing import configure_tracing
+from toolledger.settings import ConfigError
 
 
 class _InOrderGroup(click.Group):
@@ -34,11 +37,20 @@ class _InOrderGroup(click.Group):
 
 @click.group(cls=_InOrderGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="toolledger")
-def main() -> None:
-    """toolledger: make an AI agent's tool calls take effect once, and say so when unknown."""
+@click.pass_context
+def main(ctx: click.Context) -> None:
+    """toolledger: make an AI agent's tool calls take effect once, and say so when unknown.
+
+    Spans go where OTEL_TRACES_EXPORTER says (none, console, otlp; docs/tracing.md).
+    """
     level = os.environ.get("TOOLLEDGER_LOG_LEVEL")
     if level:
         logging.basicConfig(level=level.upper(), format="%(asctime)s %(name)s %(message)s")
+    try:
+        configure_tracing(ctx.invoked_subcommand or "cli")
+    except ConfigError as exc:
+        click.echo(f"toolledger: {exc}", err=True)
+        sys.exit(2)
 
 
 main.add_command(demo)

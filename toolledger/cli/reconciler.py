@@ -17,6 +17,7 @@ from datetime import timedelta
 import click
 import faust
 
+from toolledger import telemetry
 from toolledger.events.log import LogError, TopicMissing
 from toolledger.processors.app import DEFAULT_SESSION_TIMEOUT_S
 from toolledger.processors.reconciler import Reconciler, collect_tools, reconciler_app
@@ -95,6 +96,7 @@ async def _run(
             tools,
             stack.commands,
             read_call=stack.store.get_call,
+            read_history=stack.store.history if telemetry.tracing_enabled() else None,
             policy=policy,
             policies=policies,
             verdict_timeout=settings.verdict_timeout_s,
