@@ -24,6 +24,7 @@ from tests.integration.procs import until
 from tests.tracing_support import Spans
 from toolledger import (
     Ledger,
+    LedgerUnavailable,
     Settings,
     ToolCallIndeterminate,
     ToolContext,
@@ -179,6 +180,23 @@ class CallSpans:
         assert got["toolledger.status"] == "failed"
         assert got["toolledger.settled_by"] == "runtime"
         assert got["error.type"] == "ToolNotAttemptedError"
+
+    async def test_a_call_refused_for_want_of_a_verdict_is_not_attempted(
+        self, ledger: Ledger, spans: Spans
+    ) -> None:
+        """A fail-closed refusal must read as safe to retry, not as a call that may have run."""
+        assert ledger.stack.projector is not None
+        ledger.stack.projector.stop()
+        await ledger.stack.projector_task
+        impatient = Ledger.from_stack(ledger.stack, verdict_timeout=0.3)
+        with pytest.raises(LedgerUnavailable):
+            await self.call(impatient, credit)
+        call = spans.one(CALL)
+        got = attributes(call)
+        assert got["error.type"] == "LedgerUnavailable"
+        assert got["toolledger.not_attempted"] is True
+        assert [p.name for p in spans.children(call)] == ["toolledger.reserve"]
+        await impatient.close()
 
     async def test_a_call_inside_a_framework_span_nests_under_it(
         self, ledger: Ledger, spans: Spans

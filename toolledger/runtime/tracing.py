@@ -66,18 +66,19 @@ RESERVE_SPAN = "toolledger.reserve"
 TOOL_SPAN = "toolledger.tool"
 OUTCOME_SPAN = "toolledger.outcome"
 
-_Children = tuple[Any, Any, Any]
-_children: dict[tuple[str, str], _Children] = {}
+_PerTool = tuple[Any, Any, Any, str]
+_per_tool: dict[tuple[str, str], _PerTool] = {}
 
 
-def _histograms(tool: str, effect: str) -> _Children:
-    """The three labelled histograms of a tool, looked up once per tool, not per call."""
-    found = _children.get((tool, effect))
+def _of_tool(tool: str, effect: str) -> _PerTool:
+    """A tool's three labelled histograms and its span name, made once per tool, not per call."""
+    found = _per_tool.get((tool, effect))
     if found is None:
-        found = _children[(tool, effect)] = (
+        found = _per_tool[(tool, effect)] = (
             VERDICT_WAIT_SECONDS.labels(tool, effect),
             TOOL_SECONDS.labels(tool, effect),
             OUTCOME_SECONDS.labels(tool, effect),
+            f"execute_tool {tool}",
         )
     return found
 
@@ -142,10 +143,10 @@ class CallTrace:
     __slots__ = ("_ended", "_histograms", "_token", "span")
 
     def __init__(self, tool: str, effect: str, run_id: str, tool_call_id: str, key: str) -> None:
-        self._histograms = _histograms(tool, effect)
+        self._histograms = _of_tool(tool, effect)
         self._ended: Attempted | None = None
         self._token: object = None
-        span = names.tracer().start_span(f"execute_tool {tool}")
+        span = names.tracer().start_span(self._histograms[3])
         self.span = span
         if span.is_recording():
             span.set_attributes(
