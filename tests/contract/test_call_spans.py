@@ -137,7 +137,9 @@ class CallSpans:
         assert trace_id(apply) == trace_id(reserve)
         assert attributes(apply)["toolledger.idempotency_key"] == "r1:c1"
         assert attributes(apply)["toolledger.verdict"] == "accepted"
-        batch = next(s for s in spans.finished() if s.name.startswith("process "))
+        (batch,) = [
+            s for s in spans.finished() if s.name.startswith("process ")
+        ]  # not the outcome's
         assert batch.kind is SpanKind.CONSUMER
         assert [link.context.span_id for link in batch.links] == [span_id(reserve)]
 

@@ -9,10 +9,11 @@ of its own, `toolledger.apply call_reserved`, whose parent is the context the re
 carries (the runtime's `toolledger.reserve` span) and which links back to the batch. It starts
 and ends with the batch's transaction: the verdict became durable when the batch committed.
 
-Cost, the projector's hot path: the batch span is started for every batch (with no SDK
-configured it is the API's non-recording span, one context lookup per batch, never per event).
-Only a recording batch span looks at the events, and only reservations that carry a
-`traceparent` get a span.
+Only batches holding a reservation that carries a trace context get spans: the others belong to
+no call's trace, and a root trace per batch would bury the ones people look for (the projector's
+own throughput and lag are metrics). Cost, the projector's hot path: with no tracer provider
+configured a batch costs one check of the global provider and no event is looked at; with one,
+the batch's events are scanned for a `traceparent`.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ class BatchSpans:
 
     __slots__ = ("_items", "_partition", "_reservations", "_topic", "span")
 
+    span: Span | None
+
     def __init__(self, topic: str, partition: int, items: Sequence[Positioned | DeadLetter]):
         self._topic = topic
         self._partition = partition
@@ -43,11 +46,26 @@ class BatchSpans:
         self._reservations: list[tuple[CallReserved, Span]] = []
 
     def __enter__(self) -> BatchSpans:
-        self.span = span = names.tracer().start_span(
-            f"process {self._topic}", kind=SpanKind.CONSUMER
-        )
-        if not span.is_recording():
+        self.span = None
+        if not names.tracing_enabled():
             return self
+        traced = [
+            (item.offset, event, parent)
+            for item in self._items
+            if isinstance(item, Positioned)
+            and isinstance(event := item.event, CallReserved)
+            and (parent := names.remote_context(event.traceparent, event.tracestate)) is not None
+        ]
+        if not traced:
+            return self
+        started = time.time_ns()
+        tracer = names.tracer()
+        self.span = span = tracer.start_span(
+            f"process {self._topic}",
+            kind=SpanKind.CONSUMER,
+            start_time=started,
+            links=[Link(ctx) for _, _, p in traced if (ctx := names.remote_span_context(p))],
+        )
         span.set_attributes(
             {
                 names.MESSAGING_SYSTEM: "kafka",
@@ -57,30 +75,20 @@ class BatchSpans:
                 names.MESSAGING_BATCH_COUNT: len(self._items),
             }
         )
-        started = time.time_ns()
-        batch = Link(span.get_span_context())
-        for item in self._items:
-            event = item.event if isinstance(item, Positioned) else None
-            if not isinstance(event, CallReserved) or event.traceparent is None:
-                continue
-            parent = names.remote_context(event.traceparent, event.tracestate)
-            if parent is None:
-                continue
-            reservation = names.remote_span_context(parent)
-            assert reservation is not None
-            span.add_link(reservation)
-            applying = names.tracer().start_span(
+        batch = [Link(span.get_span_context())]
+        for offset, event, parent in traced:
+            applying = tracer.start_span(
                 APPLY_SPAN,
                 context=parent,
                 kind=SpanKind.CONSUMER,
-                links=[batch],
+                links=batch,
                 start_time=started,
                 attributes={
                     names.MESSAGING_SYSTEM: "kafka",
                     names.MESSAGING_OPERATION_TYPE: "process",
                     names.MESSAGING_DESTINATION: self._topic,
                     names.MESSAGING_PARTITION: str(self._partition),
-                    names.MESSAGING_OFFSET: item.offset,
+                    names.MESSAGING_OFFSET: offset,
                     names.IDEMPOTENCY_KEY: event.key,
                     names.GEN_AI_TOOL_NAME: event.tool,
                     names.RESERVATION_ID: str(event.reservation_id),
@@ -107,7 +115,9 @@ class BatchSpans:
                 applying.set_status(Status(StatusCode.ERROR, str(exc)))
                 applying.set_attribute(names.ERROR_TYPE, type(exc).__qualname__)
             applying.end()
-        if exc is not None and self.span.is_recording():
+        if self.span is None:
+            return
+        if exc is not None:
             self.span.record_exception(exc)
             self.span.set_attribute(names.ERROR_TYPE, type(exc).__qualname__)
             self.span.set_status(Status(StatusCode.ERROR, str(exc)))
