@@ -19,6 +19,8 @@ reservation or a reconciler asking a hook about it, can start its span in the ca
 
 from __future__ import annotations
 
+import time
+
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanContext
@@ -74,11 +76,26 @@ _TRACER = trace.get_tracer(SCOPE)
 def tracing_enabled() -> bool:
     """Whether a tracer provider other than the API's default is installed.
 
-    Without one it reads the environment (`OTEL_PYTHON_TRACER_PROVIDER`), about as costly as
-    starting a non-recording span: fine once per batch or at startup, not once per event.
+    Asking the API reads the environment (`OTEL_PYTHON_TRACER_PROVIDER`) while no provider is
+    set, which costs more than a non-recording span, so the answer is cached: a provider, once
+    set, stays (the API sets it once per process); its absence is checked again each second, so
+    a program that configures tracing after the projector started is seen within a second.
     """
+    global _enabled, _checked_at
+    if _enabled:
+        return True
+    now = time.monotonic()
+    if now - _checked_at < _RECHECK_S:
+        return False
+    _checked_at = now
     provider = trace.get_tracer_provider()
-    return not isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
+    _enabled = not isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
+    return _enabled
+
+
+_RECHECK_S = 1.0
+_enabled = False
+_checked_at = -_RECHECK_S
 
 
 def trace_context_of(span: Span) -> tuple[str | None, str | None]:
