@@ -28,9 +28,18 @@ import asyncpg
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
+from tests import tracing_support
 from toolledger.devstack import STATE_DIR, DevStack, Services, resolve_services
 
 _SESSIONS_DIR = Path(STATE_DIR) / "sessions"
+
+
+@pytest.fixture
+def spans() -> Iterator[tracing_support.Spans]:
+    """An OpenTelemetry SDK recording into memory for this test (`tests.tracing_support`)."""
+    recorded = tracing_support.listen()
+    yield recorded
+    tracing_support.stop()
 
 
 @pytest.fixture(scope="session")

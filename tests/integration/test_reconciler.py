@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,6 +33,7 @@ from tests.integration.reconcile_tools import (
     hold_path,
     issue_credit,
 )
+from tests.tracing_support import Spans
 from toolledger import Ledger, ToolCallIndeterminate
 from toolledger.events.fold import HistoryEntry
 from toolledger.events.models import (
@@ -69,9 +71,14 @@ class Scene:
     journal: Journal
 
     def reconciler(
-        self, name: str, *args: str, lookup_delay: float = 0.0, group: str | None = None
+        self,
+        name: str,
+        *args: str,
+        lookup_delay: float = 0.0,
+        group: str | None = None,
+        env: dict[str, str] | None = None,
     ) -> Proc:
-        env = {**self.env, DELAY_ENV: str(lookup_delay)}
+        env = {**self.env, DELAY_ENV: str(lookup_delay), **(env or {})}
         extra = [*args, *(["--group", group] if group else [])]
         return self.procs.python(
             name,
@@ -212,6 +219,46 @@ async def test_a_hook_that_finds_the_credit_completes_an_indeterminate_call_with
     )
     assert replayed.result() == credit
     assert scene.billing.requests(key) == 1
+
+
+async def test_the_projectors_apply_and_the_reconcilers_attempt_join_the_calls_trace(
+    scene: Scene, spans: Spans, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whoever opens the trace of a call that became unknown must find the steps that settled
+    it: the projector's apply of its reservation (this process) and the reconciler's attempt
+    (its own process, spans on stdout) both start from the context the reservation carried."""
+    monkeypatch.setenv(BILLING_ENV, str(scene.billing.path))
+    proc = scene.reconciler(
+        "reconciler", env={"OTEL_TRACES_EXPORTER": "console", "OTEL_BSP_SCHEDULE_DELAY": "20"}
+    )
+    ledger = Ledger.from_stack(scene.stack)
+    arguments = {**CREDIT_ARGS, "answer_lost": True}
+    with pytest.raises(ToolCallIndeterminate):
+        await ledger.call(
+            issue_credit, run_id="r1", tool_call_id="c1", tenant_id="acme", arguments=arguments
+        )
+    reserve = spans.one("toolledger.reserve")
+    assert reserve.context is not None
+    trace_id, reserve_id = reserve.context.trace_id, reserve.context.span_id
+    (applied,) = await until(
+        lambda: spans.named("toolledger.apply call_reserved"), timeout=10, what="the apply span"
+    )
+    assert applied.context is not None and applied.context.trace_id == trace_id
+    assert applied.parent is not None and applied.parent.span_id == reserve_id
+    await scene.ready(proc)
+    await scene.settled([call_key("r1", "c1")])
+
+    def attempt() -> dict[str, Any] | None:
+        exported = [json.loads(line) for line in proc.output().splitlines() if line[:1] == "{"]
+        return next((s for s in exported if s["name"] == "toolledger.reconcile"), None)
+
+    span = await until(attempt, timeout=10, what="the reconciler's attempt span")
+    assert span["context"]["trace_id"] == f"0x{trace_id:032x}"
+    assert span["parent_id"] == f"0x{reserve_id:016x}"
+    assert span["attributes"]["toolledger.idempotency_key"] == "r1:c1"
+    assert span["attributes"]["toolledger.finding"] == "completed"
+    assert span["attributes"]["toolledger.verdict"] == "accepted"
+    assert span["resource"]["attributes"]["service.name"] == "toolledger-reconciler"
 
 
 async def test_a_hook_that_cannot_tell_records_attempts_with_backoff_and_stops_at_max_attempts(

@@ -23,6 +23,7 @@ from toolledger.cli.projector import projector
 from toolledger.cli.reconciler import reconciler
 from toolledger.cli.resumer import resumer
 from toolledger.cli.tokens import tokens
+from toolledger.cli.tracing import configure_tracing
 
 
 class _InOrderGroup(click.Group):
@@ -44,9 +45,14 @@ class _InOrderGroup(click.Group):
 
 @click.group(cls=_InOrderGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="toolledger")
-def main() -> None:
-    """toolledger: make an AI agent's tool calls take effect once, and say so when unknown."""
+@click.pass_context
+def main(ctx: click.Context) -> None:
+    """toolledger: make an AI agent's tool calls take effect once, and say so when unknown.
+
+    Spans go where OTEL_TRACES_EXPORTER says (none, console, otlp; docs/tracing.md).
+    """
     entry.configure_logging()
+    configure_tracing(ctx.invoked_subcommand or "cli")
 
 
 main.add_command(demo)

@@ -15,6 +15,7 @@ from datetime import timedelta
 
 import click
 
+from toolledger import telemetry
 from toolledger.cli.entry import CommandFailed, ExitStatus, configure_logging, run_worker
 from toolledger.events.log import TopicMissing
 from toolledger.processors.app import DEFAULT_SESSION_TIMEOUT_S
@@ -85,6 +86,7 @@ async def _run(
             tools,
             stack.commands,
             read_call=stack.store.get_call,
+            read_history=stack.store.history if telemetry.tracing_enabled() else None,
             policy=policy,
             policies=policies,
             verdict_timeout=settings.verdict_timeout_s,

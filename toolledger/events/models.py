@@ -208,6 +208,11 @@ class CallReserved(CallEvent):
     #: Arguments too large to travel inline (schema v3): the SHA-256 of their text, stored as a
     #: blob in the ledger before this event was appended; `arguments_json` is then "".
     arguments_blob: str | None = None
+    #: The W3C trace context (`traceparent`, `tracestate` headers) of the span that reserved the
+    #: call (schema v3, with `arguments_blob`), so the projector's apply and a reconciler's
+    #: attempt join the call's trace (docs/tracing.md). Never read by the decider.
+    traceparent: str | None = None
+    tracestate: str | None = None
 
 
 class CallCompleted(CallEvent):

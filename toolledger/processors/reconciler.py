@@ -22,6 +22,10 @@ runtime reserved the key again, are rejected and kept in the key's history as ev
 in-memory bookkeeping below (which (key, version) pairs were already asked) only saves work: one
 question per record version per process.
 
+Each question is a `toolledger.reconcile` span. Given `read_history` (the CLI passes it when a
+tracer provider is configured), the span joins the call's trace: its parent is the trace context
+the call's reservation carried (docs/tracing.md); without it the span starts a trace of its own.
+
 Timers must not write faust tables (a table write needs the event being processed, for its
 partition), so the timer only reads the table; the table changes when the finding's fact comes
 back through the agent.
@@ -30,6 +34,7 @@ back through the agent.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import shlex
 import time
@@ -38,8 +43,11 @@ from datetime import datetime
 from typing import Any
 
 import faust
+from opentelemetry.context import Context
 from prometheus_client import Counter
 
+from toolledger import telemetry as names
+from toolledger.events.fold import HistoryEntry
 from toolledger.events.models import utcnow
 from toolledger.events.records import CallRecord, Verdict
 from toolledger.modules import ModuleLoadError, import_user_module
@@ -64,6 +72,7 @@ FINDINGS = Counter(
 AnyTool = Tool[Any, Any]
 #: A compensation call is keyed `<run_id>:<tool_call_id>:compensate`.
 COMPENSATE_SUFFIX = ":compensate"
+RECONCILE_SPAN = "toolledger.reconcile"
 
 
 def collect_tools(modules: Iterable[str]) -> dict[str, AnyTool]:
@@ -104,6 +113,7 @@ class Reconciler:
         policy: ReconcilePolicy | None = None,
         policies: Mapping[str, ReconcilePolicy] | None = None,
         read_call: Callable[[str], Awaitable[CallRecord | None]] | None = None,
+        read_history: Callable[[str], Awaitable[list[HistoryEntry]]] | None = None,
         verdict_timeout: float = 10.0,
         retry_after: float = 1.0,
         concurrency: int = 16,
@@ -112,6 +122,7 @@ class Reconciler:
         self.tools = dict(tools)
         self.commands = commands
         self.read_call = read_call
+        self.read_history = read_history
         self.policy = policy or ReconcilePolicy()
         self.policies = dict(policies or {})
         self.verdict_timeout = verdict_timeout
@@ -190,15 +201,24 @@ class Reconciler:
                 return
             # The hook reads the arguments: restore them if they travel by reference.
             record = await self.commands.restored_call(record)
-            found = await ask_hook(tool, record, self.clock())
-            finding = finding_for(record, tool, found, self.clock())
-            try:
-                verdict = await self.commands.append_and_await(finding, self.verdict_timeout)
-            except LedgerUnavailable as exc:
-                FINDINGS.labels(tool.name, finding.type, "unavailable").inc()
-                log.warning("finding for %s not recorded (%s); asking again later", record.key, exc)
-                self._retry_at[mark] = time.monotonic() + self.retry_after
-                return
+            parent = await self._reservation_context(record)
+            with names.tracer().start_as_current_span(
+                RECONCILE_SPAN, context=parent, attributes=_attempt_attributes(record, tool)
+            ) as span:
+                found = await ask_hook(tool, record, self.clock())
+                span.set_attribute(names.FINDING, found.status)
+                finding = finding_for(record, tool, found, self.clock())
+                try:
+                    verdict = await self.commands.append_and_await(finding, self.verdict_timeout)
+                except LedgerUnavailable as exc:
+                    FINDINGS.labels(tool.name, finding.type, "unavailable").inc()
+                    span.set_attribute(names.VERDICT, "unavailable")
+                    log.warning(
+                        "finding for %s not recorded (%s); asking again later", record.key, exc
+                    )
+                    self._retry_at[mark] = time.monotonic() + self.retry_after
+                    return
+                span.set_attribute(names.VERDICT, verdict.reason)
             self._asked.add(mark)
             self._report(tool, finding, verdict)
         except Exception:
@@ -206,6 +226,19 @@ class Reconciler:
             self._retry_at[mark] = time.monotonic() + self.retry_after
         finally:
             self._running.pop(mark, None)
+
+    async def _reservation_context(self, record: CallRecord) -> Context | None:
+        """The trace context `record`'s reservation carried, from the key's history."""
+        if self.read_history is None:
+            return None
+        for entry in reversed(await self.read_history(record.key)):
+            if entry.event_type == "call_reserved" and entry.accepted:
+                reserved = json.loads(entry.event_json)
+                if reserved.get("reservation_id") == str(record.reservation_id):
+                    return names.remote_context(
+                        reserved.get("traceparent"), reserved.get("tracestate")
+                    )
+        return None
 
     async def _still_current(self, record: CallRecord) -> bool:
         """Whether the ledger still holds `record`'s version.
@@ -275,6 +308,18 @@ class Reconciler:
         if topic not in self._told:
             self._told.add(topic)
             log.log(level, message, *args)
+
+
+def _attempt_attributes(record: CallRecord, tool: AnyTool) -> dict[str, str | int]:
+    return {
+        names.GEN_AI_TOOL_NAME: tool.name,
+        names.GEN_AI_TOOL_CALL_ID: record.tool_call_id,
+        names.GEN_AI_CONVERSATION_ID: record.run_id,
+        names.IDEMPOTENCY_KEY: record.key,
+        names.RESERVATION_ID: str(record.reservation_id),
+        names.STATUS: record.status,
+        names.ATTEMPT: record.reconcile_attempts + 1,
+    }
 
 
 def reconciler_app(

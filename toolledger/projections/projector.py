@@ -14,6 +14,9 @@ rejecting it would make the verdict depend on which keys this process happened t
 that cannot be decoded at all are dead letters: published to the DLQ topic with the reason in
 the headers, recorded in `dead_letters`, and their run is quarantined, all in the same
 transaction as the offset move.
+
+Each batch's transaction is a span, and a reservation carrying a trace context gets one in the
+call's trace (`toolledger.projections.tracing`).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from toolledger.projections.facts import Fact, FactsPublisher, facts_of
 from toolledger.projections.gc_pause import gc_paused
 from toolledger.projections.ownership import PartitionLocks
 from toolledger.projections.store import LedgerStore, OffsetConflict
+from toolledger.projections.tracing import BatchSpans
 from toolledger.settings import ConfigError
 
 log = logging.getLogger("toolledger.projector")
@@ -315,9 +319,11 @@ class Projector:
         if batch.next_offset > start:
             await self._publish_dead(partition, batch.dead)
             try:
-                verdicts = await self.store.apply_batch(
-                    partition, start, batch.next_offset, batch.items
-                )
+                with BatchSpans(self.log.topic, partition, batch.items) as spans:
+                    verdicts = await self.store.apply_batch(
+                        partition, start, batch.next_offset, batch.items
+                    )
+                    spans.applied(verdicts)
             except OffsetConflict as conflict:
                 self.stats.conflicts += 1
                 log.warning("%s; re-reading its position", conflict)

@@ -48,7 +48,7 @@ from toolledger.events.models import (
     utcnow,
 )
 from toolledger.events.payloads import PayloadError, PayloadLimits
-from toolledger.events.records import CallRecord, RunRecord
+from toolledger.events.records import CallRecord, RunRecord, Verdict
 from toolledger.events.signing import SigningKey
 from toolledger.runtime import replay
 from toolledger.runtime.access import LedgerAccess
@@ -70,6 +70,7 @@ from toolledger.runtime.recording import (
     unrecordable_event,
 )
 from toolledger.runtime.tools import PreparedCall, Tool
+from toolledger.runtime.tracing import CallTrace, Phase
 from toolledger.settings import ProjectorSettings, Settings, load_settings
 from toolledger.stack import LedgerStack
 
@@ -200,7 +201,27 @@ class Ledger(LedgerAccess):
         Raises `ToolCallIndeterminate` for an unknown call, and the errors of
         `toolledger.runtime.errors` for calls that cannot be made; a call that failed is
         returned as an outcome (`outcome.result()` raises `ToolCallFailed`).
+
+        The call is an `execute_tool` span under the current one (docs/tracing.md).
         """
+        key = call_key(run_id, tool_call_id)
+        with CallTrace(tool.name, tool.effect.kind, run_id, tool_call_id, key) as traced:
+            outcome = await self._call(
+                tool, traced, run_id, tool_call_id, tenant_id, arguments, run_version, warning
+            )
+            return traced.outcome(outcome)
+
+    async def _call(
+        self,
+        tool: Tool[Any, T],
+        traced: CallTrace,
+        run_id: str,
+        tool_call_id: str,
+        tenant_id: str,
+        arguments: Mapping[str, Any],
+        run_version: int | None,
+        warning: str | None,
+    ) -> ToolOutcome[T]:
         if not run_id or ":" in run_id or not tool_call_id or not tenant_id:
             raise ValueError(
                 f"call {tool.name} needs a run_id without ':' and a non-empty tool_call_id and "
@@ -224,17 +245,50 @@ class Ledger(LedgerAccess):
             known = await replay.replay_known(self, tool, prepared, who, record)
             if known is not None:
                 return known
-        return await self._reserve_and_run(tool, prepared, who, run_version, warning)
+        return await self._reserve_and_run(tool, traced, prepared, who, run_version, warning)
 
     async def _reserve_and_run(
         self,
         tool: Tool[Any, T],
+        traced: CallTrace,
         prepared: PreparedCall,
         who: CallIdentity,
         run_version: int | None,
         warning: str | None = None,
     ) -> ToolOutcome[T]:
+        with traced.reserve() as phase:
+            reserved, verdict = await self._reserve(
+                tool, prepared, who, run_version, warning, phase
+            )
+            phase.verdict(verdict)
+        if not verdict.accepted:
+            return await replay.lost_reservation(self, tool, prepared, who, verdict, run_version)
+        if verdict.call is not None and verdict.call.status == "awaiting_approval":
+            raise ToolCallAwaitingApproval(key=who.key, tool=tool.name, record=verdict.call)
+
+        def record_cancelled(ended: Attempted) -> None:
+            event = outcome_event(self.envelope(who, self.clock()), reserved.reservation_id, ended)
+            self._background.spawn(self._land(who, event, False), f"outcome of {who.key}")
+
+        with traced.tool() as phase:
+            ended = await execute(tool, prepared, who, clock=self.clock, on_cancel=record_cancelled)
+            phase.ended(ended)
+        traced.ran(ended)
+        with traced.outcome_phase():
+            return await self._record(tool, who, reserved, ended)
+
+    async def _reserve(
+        self,
+        tool: Tool[Any, T],
+        prepared: PreparedCall,
+        who: CallIdentity,
+        run_version: int | None,
+        warning: str | None,
+        phase: Phase,
+    ) -> tuple[CallReserved, Verdict]:
+        """Append the reservation and await its verdict; `LedgerUnavailable` if none comes."""
         now = self.clock()
+        traceparent, tracestate = phase.trace_context()
         reserved = CallReserved(
             **self.envelope(who, now),
             run_version=run_version,
@@ -245,6 +299,8 @@ class Ledger(LedgerAccess):
             requires_approval=tool.effect.approval,
             deadline=now + timedelta(seconds=tool.budget),
             warning=warning,
+            traceparent=traceparent,
+            tracestate=tracestate,
         )
         try:
             verdict = await self.stack.commands.append_and_await(reserved, self.verdict_timeout)
@@ -259,17 +315,7 @@ class Ledger(LedgerAccess):
                 "is safe once the ledger is reachable."
             ) from exc
         verdict = await self.stack.commands.restored_verdict(verdict)
-        if not verdict.accepted:
-            return await replay.lost_reservation(self, tool, prepared, who, verdict, run_version)
-        if verdict.call is not None and verdict.call.status == "awaiting_approval":
-            raise ToolCallAwaitingApproval(key=who.key, tool=tool.name, record=verdict.call)
-
-        def record_cancelled(ended: Attempted) -> None:
-            event = outcome_event(self.envelope(who, self.clock()), reserved.reservation_id, ended)
-            self._background.spawn(self._land(who, event, False), f"outcome of {who.key}")
-
-        ended = await execute(tool, prepared, who, clock=self.clock, on_cancel=record_cancelled)
-        return await self._record(tool, who, reserved, ended)
+        return reserved, verdict
 
     async def _record(
         self, tool: Tool[Any, T], who: CallIdentity, reserved: CallReserved, ended: Attempted
