@@ -18,10 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.integrations.tools import ARGS, billing
 from toolledger import Ledger
 from toolledger.integrations import AdapterOptions
-
-from tests.integrations.tools import ARGS, billing
 
 FRAMEWORKS = ("langgraph", "pydantic_ai", "openai_agents")
 PROMPT = "Please refund order 7 (25.00 to acct-7)."
@@ -67,7 +66,7 @@ class Driver(ABC):
         self.heard.extend(t for t in told if t not in self.heard)
         if not told:
             return {"name": self.tool, "args": ARGS, "id": "c1"}
-        if self.retry_unknown and len(told) == 1 and '"indeterminate"' in told[0]:
+        if self.retry_unknown and len(told) == 1 and "is unknown" in told[0]:
             return {"name": self.tool, "args": ARGS, "id": "c2"}
         return f"done: {told[-1]}"
 
