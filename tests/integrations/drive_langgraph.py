@@ -83,8 +83,10 @@ class LangGraphDriver(Driver):
         return _step(await self.graph.ainvoke({"messages": [("user", PROMPT)]}, config))
 
     async def resume(self, thread: str) -> Step:
+        """Answer the pause, or (after a crash, no pause) carry on from the last checkpoint."""
         config = {"configurable": {"thread_id": thread}}
-        return _step(await self.graph.ainvoke(Command(resume=True), config))
+        paused = (await self.graph.aget_state(config)).interrupts
+        return _step(await self.graph.ainvoke(Command(resume=True) if paused else None, config))
 
 
 def _step(out: dict[str, Any]) -> Step:
