@@ -40,7 +40,10 @@ class ScriptedChatModel(BaseChatModel):
     ) -> ChatResult:
         told = [str(m.content) for m in messages if isinstance(m, ToolMessage)]
         move = self.driver.decide(told)
-        message = AIMessage(move) if isinstance(move, str) else AIMessage("", tool_calls=[move])
+        if isinstance(move, str):
+            message = AIMessage(move)
+        else:
+            message = AIMessage("", tool_calls=move if isinstance(move, list) else [move])
         return ChatResult(generations=[ChatGeneration(message=message)])
 
 
