@@ -52,6 +52,7 @@ from toolledger.runtime.tools import Tool
 
 try:
     from agents import Agent, FunctionTool, RunContextWrapper, RunResult, RunState
+    from agents import Tool as AgentTool
     from agents.items import ToolApprovalItem
     from agents.tool_context import ToolContext
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
@@ -102,7 +103,9 @@ class OpenAIAgentsTools:
         self.run_id_of = run_id_of
         self._answers: dict[str, Answer] = {}
         self._pauses: dict[str, Pause] = {}
-        self.tools = [self._function_tool(name, tool) for name, tool in self.names.items()]
+        self.tools: list[AgentTool] = [
+            self._function_tool(name, tool) for name, tool in self.names.items()
+        ]
 
     def _function_tool(self, name: str, tool: Tool[Any, Any]) -> FunctionTool:
         async def needs_approval(
