@@ -222,7 +222,7 @@ async def measure(*, samples: int, repeat: int) -> list[Row]:
     return rows
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # no services needed: `python -m benchmarks.integrations`
     from benchmarks._support import table
 
     print(table(asyncio.run(measure(samples=300, repeat=3))))
