@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from agents import RunState, Runner
+from agents import Runner, RunState
 from agents.exceptions import UserError
 from pydantic_ai.messages import ModelMessagesTypeAdapter
 from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults
