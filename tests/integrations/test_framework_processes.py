@@ -4,8 +4,8 @@ processes resuming one thread at once. One effect in every case.
 
 The persistence is each framework's: a LangGraph checkpointer (`FileSaver`, LangGraph's
 `InMemorySaver` in a file), a PydanticAI message history saved at each `CallToolsNode`, an
-OpenAI Agents `RunState` JSON (saved at a pause: the SDK offers no resumable state of a run
-that is merely in the middle of a tool, so its kill case is not claimed here).
+OpenAI Agents `RunState` JSON (which the SDK offers only at an interruption, so its kill case
+is a refund killed after its approval, resumed from the approval's state).
 """
 
 from __future__ import annotations
@@ -165,3 +165,31 @@ async def approve(stack: LedgerStack, settings: Settings, key: str) -> None:
             f"/v1/tool-executions/{quote(key, safe='')}/approve", json={"reason": "looks right"}
         )
         assert response.status_code == 200, response.text
+
+
+async def test_openai_agents_killed_after_an_approved_refund_resumes_from_its_run_state(
+    settings: Settings, stack: LedgerStack, procs: Procs, tmp_path: Path
+) -> None:
+    """The OpenAI SDK saves a resumable `RunState` only at an interruption, so that is where its
+    key becomes stable: a process that resumed an approved refund and was SIGKILLed after the
+    refund took effect must not refund again when another process resumes the same state."""
+    workers = Workers(procs, settings, tmp_path, "openai_agents")
+    paused = await workers.finished(workers.start("start", "start", "billing__refund_large"))
+    assert paused["step"]["paused"] == ["t1:c1"]
+    await approve(stack, settings, "t1:c1")
+    marker = tmp_path / "hung"
+    doomed = workers.start(
+        "doomed",
+        "resume",
+        "billing__refund_large",
+        TEST_CREDIT_BEHAVIOUR="effect_then_hang",
+        TEST_HANG_MARKER=str(marker),
+    )
+    await until(marker.exists, timeout=60, what="the refund made and the tool hanging")
+    doomed.signal(signal.SIGKILL)
+    await doomed.wait_exit(timeout=10)
+    assert workers.billing.effects("t1:c1") == 1
+    result = await workers.finished(workers.start("again", "resume", "billing__refund_large"))
+    credit = await workers.billing.find_credit("t1:c1")
+    assert credit is not None and credit.credit_id in result["step"]["answer"]
+    assert (workers.billing.requests(), workers.billing.effects()) == (1, 1)
