@@ -50,6 +50,9 @@ class MemoryLedger(LedgerStore):
         self._lock = asyncio.Lock()
         self._subscribers: set[asyncio.Queue[uuid.UUID]] = set()
         self._history_by_key: dict[str, list[HistoryEntry]] = {}
+        # The keys of each run, so a run's calls are listed without scanning every call (the
+        # duplicate-intent guard asks for them before each new call of a run).
+        self._keys_by_run: dict[str, dict[str, None]] = {}
         self._published: dict[int, int] = {}
         self._registered = VerifyKeys()
         self._blobs: dict[str, bytes] = {}
@@ -117,6 +120,8 @@ class MemoryLedger(LedgerStore):
                 {k: fold.heads[k] for k in keys | run_ids if k in fold.heads},
             )
             fold.calls.update((c.key, c) for c in outcome.calls)
+            for call in outcome.calls:
+                self._keys_by_run.setdefault(call.run_id, {})[call.key] = None
             fold.runs.update((r.run_id, r) for r in outcome.runs)
             fold.history.extend(outcome.history)
             fold.heads.update(outcome.heads)
@@ -142,7 +147,11 @@ class MemoryLedger(LedgerStore):
         return list(self._history_by_key.get(key, ()))
 
     async def list_calls(self, query: CallQuery) -> list[CallRecord]:
-        return select_calls(self._fold.calls.values(), query)
+        calls = self._fold.calls
+        if query.run_id is not None:
+            keys = self._keys_by_run.get(query.run_id, {})
+            return select_calls((calls[k] for k in keys), query)
+        return select_calls(calls.values(), query)
 
     async def call_stats(self, now: datetime, older_than: Sequence[float]) -> CallStats:
         return count_calls(self._fold.calls.values(), now, older_than)
