@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -22,7 +21,7 @@ from urllib.parse import quote
 import httpx
 from pydantic import BaseModel
 
-from toolledger import Ledger, Settings, ToolContext, Toolset, external
+from toolledger import Ledger, OperatorSettings, SigningKey, ToolContext, Toolset, external
 from toolledger.api import create_app
 from toolledger.api.tokens import MemoryTokens
 
@@ -73,11 +72,11 @@ async def refund(customer_id: str, amount_cents: int, context: ToolContext) -> P
 @asynccontextmanager
 async def embedded_ledger() -> AsyncIterator[tuple[Ledger, httpx.AsyncClient]]:
     """The embedded ledger, and an operator's client of its HTTP API (served in-process)."""
-    keys = {"example": secrets.token_hex(16)}
-    async with await Ledger.memory({k: v.encode() for k, v in keys.items()}) as ledger:
+    key = SigningKey.generate("example")
+    async with await Ledger.memory(key) as ledger:
         tokens = MemoryTokens()
         token = (await tokens.create(TENANT, "olivia", "operator", timedelta(hours=1))).token
-        app = create_app(ledger.stack, Settings(signing_keys=keys), tokens=tokens)
+        app = create_app(ledger.stack, OperatorSettings(signing_keys=(key,)), tokens=tokens)
         async with httpx.AsyncClient(
             transport=httpx.ASGITransport(app=app),
             base_url="http://api",

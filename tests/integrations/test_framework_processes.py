@@ -21,26 +21,23 @@ from urllib.parse import quote
 import httpx
 import pytest
 
+from tests import api_support as s
+from tests.api_support import OneProcessSettings as Settings
 from tests.fake_billing import FakeBilling
 from tests.integration.procs import Proc, Procs, toolledger_env, until
-from toolledger import Settings
 from toolledger.api import create_app
 from toolledger.api.tokens import MemoryTokens
 from toolledger.stack import LedgerStack
 
-KEY_ID = "ops-1"
-SECRET = "operator-signing-secret-for-framework-process-tests"
-
 
 @pytest.fixture
 def settings(pg_dsn: str, kafka_bootstrap: str, pg_schema: str, topic_prefix: str) -> Settings:
-    return Settings(
+    return s.api_settings(
         database_url=pg_dsn,
         kafka_bootstrap=kafka_bootstrap,
         schema_name=pg_schema,
         topic_prefix=topic_prefix + ".",
         partitions=2,
-        signing_keys={KEY_ID: SECRET},
     )
 
 
@@ -72,7 +69,6 @@ class Workers:
                 settings.topic_prefix,
                 2,
             ),
-            "TOOLLEDGER_SIGNING_KEYS": f"{KEY_ID}:{SECRET}",
         }
         self.store = tmp / "store"
         self.store.mkdir()

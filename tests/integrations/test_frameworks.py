@@ -20,19 +20,18 @@ from urllib.parse import quote
 import httpx
 import pytest
 
+from tests import api_support as s
 from tests.fake_billing import FakeBilling, use_service
 from tests.integration.procs import until
 from tests.integrations import tools
 from tests.integrations.drivers import FRAMEWORKS, Driver, driver
-from toolledger import Ledger, Settings
+from toolledger import Ledger, OperatorSettings
 from toolledger.api import create_app
 from toolledger.api.tokens import MemoryTokens
 from toolledger.events.records import CallRecord
 from toolledger.integrations import AdapterOptions
 from toolledger.stack import LedgerStack
 
-KEY_ID = "ops-1"
-SECRET = "operator-signing-secret-for-framework-tests"
 #: What the frameworks tell a model when a tool raises; none of it may reach our models.
 ERROR_TEXTS = ("Please try again", "Please fix your mistakes", "An error occurred", "Error:")
 
@@ -211,7 +210,7 @@ def framework(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-async def _api(stack: LedgerStack, settings: Settings) -> httpx.AsyncClient:
+async def _api(stack: LedgerStack, settings: OperatorSettings) -> httpx.AsyncClient:
     tokens = MemoryTokens()
     token = (await tokens.create("acme", "alice", "operator", timedelta(hours=1))).token
     app = create_app(stack, settings, tokens=tokens)
@@ -226,8 +225,8 @@ class TestMemoryLedger(FrameworkScenarios):
     @pytest.fixture
     async def h(self, tmp_path: Path, framework: str) -> AsyncIterator[H]:
         billing = use_service(FakeBilling(tmp_path / "billing.db"))
-        ledger = await Ledger.memory({KEY_ID: SECRET.encode()}, verdict_timeout=5)
-        settings = Settings(signing_keys={KEY_ID: SECRET})
+        ledger = await Ledger.memory(s.SIGNING_KEY, verdict_timeout=5)
+        settings = s.api_settings()
         async with await _api(ledger.stack, settings) as api:
             yield H(ledger, billing, api, framework)
         await ledger.close()
@@ -245,18 +244,15 @@ class TestKafkaPostgresLedger(FrameworkScenarios):
         topic_prefix: str,
     ) -> AsyncIterator[H]:
         billing = use_service(FakeBilling(tmp_path / "billing.db"))
-        settings = Settings(
+        settings = s.api_settings(
             database_url=pg_dsn,
             kafka_bootstrap=kafka_bootstrap,
             schema_name=pg_schema,
             topic_prefix=topic_prefix + ".",
             partitions=2,
-            signing_keys={KEY_ID: SECRET},
         )
         stack = await LedgerStack.connect(settings, run_projector=True)
-        ledger = Ledger.from_stack(
-            stack, verdict_timeout=5, signing_keys=settings.signing_secrets()
-        )
+        ledger = Ledger.from_stack(stack, verdict_timeout=5)
         async with await _api(stack, settings) as api:
             yield H(ledger, billing, api, framework)
         await ledger.close()
