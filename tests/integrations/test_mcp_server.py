@@ -84,7 +84,7 @@ class McpScenarios:
         said = text(unknown)
         assert unknown.is_error and status(unknown) == "indeterminate"
         assert "unknown" in said and "r1:c1" in said
-        assert "Do not retry" in said and "toolledger executions resolve r1:c1" in said
+        assert "Do not call it again" in said and "toolledger executions resolve r1:c1" in said
         assert "/v1/tool-executions/r1:c1/resolve" in said
         assert "try again" not in said.lower()
         assert status(await h.call(ISSUE_TIMING_OUT, "c1")) == "indeterminate"

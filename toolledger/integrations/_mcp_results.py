@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 from typing import Any, Literal
+from urllib.parse import quote
 
 import mcp.types as types
 
@@ -95,10 +96,9 @@ def paused(name: str, pause: Pause) -> types.CallToolResult:
 def indeterminate(name: str, key: str) -> types.CallToolResult:
     """Unknown: the one answer the model must not treat as a failure to retry."""
     return result(
-        f"{indeterminate_text(name, key)} Do not retry it with this key or as a new call. It "
-        f"is settled from the other system's records ({resolve_command(key)}, or POST "
-        f"/v1/tool-executions/{key}/resolve); calling {name} again with the same key then "
-        "returns what really happened.",
+        f"{indeterminate_text(name, key)} Once it is settled from the other system's records "
+        f"({resolve_command(key)}, or POST {api_path(key)}/resolve), calling {name} with this "
+        "same key returns what really happened; until then it answers that it is unknown.",
         key=key,
         status="indeterminate",
         waiting_on=key,
@@ -110,8 +110,8 @@ def awaiting_approval(name: str, key: str) -> types.CallToolResult:
     return result(
         f"{name} needs an operator's approval and has NOT run yet. The request is recorded "
         f"under key {key}; do not make it again as a new call. An operator approves or rejects "
-        f"it (`toolledger executions approve {key} --reason ...`, or POST "
-        f"/v1/tool-executions/{key}/approve or /reject); calling {name} again with the same key "
+        f"it (`toolledger executions approve {key} --reason ...`, or POST {api_path(key)}/approve "
+        f"or /reject); calling {name} again with the same key "
         "then runs it once if it was approved, or says that it was rejected.",
         key=key,
         status="awaiting_approval",
@@ -131,6 +131,12 @@ def held(name: str, key: str, twin: str) -> types.CallToolResult:
         status="held",
         waiting_on=twin,
     )
+
+
+def api_path(key: str) -> str:
+    """The operator API's path of a call: the key percent-encoded, except its `:`, so a run id
+    that `encode_run_id` gave a `%3A` arrives as itself."""
+    return f"/v1/tool-executions/{quote(key, safe=':')}"
 
 
 def refused(text: str, key: str | None) -> types.CallToolResult:
