@@ -46,6 +46,9 @@ class MemoryLedger(LedgerStore):
         self._lock = asyncio.Lock()
         self._subscribers: set[asyncio.Queue[uuid.UUID]] = set()
         self._history_by_key: dict[str, list[HistoryEntry]] = {}
+        # The run's keys, as PostgreSQL's `tool_executions_run` index: a run driver's or an
+        # adapter's duplicate-intent query must not scan every call of the ledger.
+        self._keys_by_run: dict[str, set[str]] = {}
         self._published: dict[int, int] = {}
 
     @property
@@ -111,6 +114,8 @@ class MemoryLedger(LedgerStore):
                 {k: fold.heads[k] for k in keys | run_ids if k in fold.heads},
             )
             fold.calls.update((c.key, c) for c in outcome.calls)
+            for call in outcome.calls:
+                self._keys_by_run.setdefault(call.run_id, set()).add(call.key)
             fold.runs.update((r.run_id, r) for r in outcome.runs)
             fold.history.extend(outcome.history)
             fold.heads.update(outcome.heads)
@@ -136,7 +141,10 @@ class MemoryLedger(LedgerStore):
         return list(self._history_by_key.get(key, ()))
 
     async def list_calls(self, query: CallQuery) -> list[CallRecord]:
-        return select_calls(self._fold.calls.values(), query)
+        calls = self._fold.calls
+        if query.run_id is None:
+            return select_calls(calls.values(), query)
+        return select_calls((calls[k] for k in self._keys_by_run.get(query.run_id, ())), query)
 
     async def call_stats(self, now: datetime, older_than: Sequence[float]) -> CallStats:
         return count_calls(self._fold.calls.values(), now, older_than)
