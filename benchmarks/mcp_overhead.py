@@ -2,19 +2,26 @@
 
 `python -m benchmarks.mcp_overhead [--samples N] [--repeat R]`: on the memory ledger (the
 adapter's cost is what is measured, so no service's round trip should drown it), the no-op
-`external()` tool of the runtime benchmarks is called on a new key each time three ways,
-interleaved so all three see the machine at the same moments:
+`external()` tool of the runtime benchmarks is called on a new key each time four ways,
+interleaved so all of them see the machine at the same moments:
 
 - **bare**: `ledger.call(noop, run_id=..., tool_call_id=...)`, the floor;
+- **shared**: `toolledger.integrations._calls.make_call`, what every adapter does per call (the
+  key's record read, the duplicate-intent query, `ledger.call`), a diagnostic;
 - **adapter**: `LedgerMCPServer.call(name, arguments, meta)`, the server's handler without any
   transport: key from `_meta`, the model-facing name, the shared `make_call` (its record read
   and its duplicate-intent query) and the result built for the client;
 - **client**: `call_tool_keyed` through an in-process `mcp.Client` (the SDK's direct dispatcher,
   no JSON-RPC framing), which is what an agent embedding the server pays.
 
-Runs hold 10 calls each (the duplicate-intent guard lists a run's calls of the tool, so a run's
-size is part of the cost; agent runs are that small). Every call must have run the tool once and
-returned its value. Figures are medians of per-repetition medians; the ratio is against bare.
+Each sample makes one call each way, starting with another way each time (a call pays for the
+projector folding the previous call's outcome, so no way may always follow the same one). Wall
+time and this process's CPU time (`time.process_time`; the in-process projector's work is in it
+for every way alike) are both reported: under load the wall clock mostly measures the queue for
+a core. Runs hold 10 calls each (the duplicate-intent guard lists a run's calls of the tool, so a
+run's size is part of the cost; agent runs are that small). Every call must have run the tool
+once and returned its value. Figures are medians of per-repetition medians; ratios are against
+bare.
 """
 
 from __future__ import annotations
@@ -31,6 +38,8 @@ from mcp import Client
 from benchmarks._runtime import RUNS, bench, noop
 from benchmarks._support import median, percentile, say
 from toolledger import Ledger
+from toolledger.integrations._calls import Answer, make_call
+from toolledger.integrations._common import AdapterOptions, CallKey
 from toolledger.integrations.mcp import LedgerMCPServer, call_tool_keyed
 
 CALLS_PER_RUN = 10
@@ -42,9 +51,11 @@ Samples = dict[str, dict[str, list[float]]]
 
 
 async def measure(samples: int, repeat: int) -> Samples:
-    """Per way (`bare`, `adapter`, `client`) and clock (`wall`, `cpu`), the median seconds per
-    call of each repetition."""
-    medians: Samples = {way: {"wall": [], "cpu": []} for way in ("bare", "adapter", "client")}
+    """Per way (`bare`, `shared`, `adapter`, `client`) and clock (`wall`, `cpu`), the median
+    seconds per call of each repetition."""
+    medians: Samples = {
+        way: {"wall": [], "cpu": []} for way in ("bare", "shared", "adapter", "client")
+    }
     async with await Ledger.memory() as ledger:
         server = LedgerMCPServer(ledger, bench, tenant_id="bench")
         async with Client(server.server) as client:
@@ -57,6 +68,15 @@ async def measure(samples: int, repeat: int) -> Samples:
                 )  # fmt: skip
                 if outcome.value != n:
                     raise RuntimeError(f"bare call {n} returned {outcome.value!r}")
+
+            async def shared(n: int) -> None:
+                key = CallKey(_run("s", n), f"c{n}")
+                answer = await make_call(
+                    ledger, noop, key, tenant_id="bench", arguments={"n": n},
+                    options=AdapterOptions(),
+                )  # fmt: skip
+                if not isinstance(answer, Answer) or answer.value != n:
+                    raise RuntimeError(f"make_call {n} returned {answer!r}")
 
             async def adapter(n: int) -> None:
                 meta = {
@@ -72,7 +92,8 @@ async def measure(samples: int, repeat: int) -> Samples:
                 _check(result, n)
 
             ways: list[tuple[str, Callable[[int], Awaitable[None]]]] = [
-                ("bare", bare), ("adapter", adapter), ("client", through_client),
+                ("bare", bare), ("shared", shared), ("adapter", adapter),
+                ("client", through_client),
             ]  # fmt: skip
             for _ in range(WARMUP):
                 for _, way in ways:
@@ -83,7 +104,7 @@ async def measure(samples: int, repeat: int) -> Samples:
                 gc.collect()
                 for i in range(samples):
                     # Each sample starts with another way, so none always follows the same one.
-                    for name, way in ways[i % 3 :] + ways[: i % 3]:
+                    for name, way in ways[i % len(ways) :] + ways[: i % len(ways)]:
                         n = next(counter)
                         started, started_cpu = time.perf_counter(), time.process_time()
                         await way(n)
@@ -100,14 +121,14 @@ async def measure(samples: int, repeat: int) -> Samples:
                         for k in wall
                     )
                 )
-    expected = WARMUP * 3 + samples * repeat * 3
+    expected = (WARMUP + samples * repeat) * 4
     if RUNS["noop"] != expected:
         raise RuntimeError(f"the no-op tool ran {RUNS['noop']} times, not {expected}")
     return medians
 
 
 def _run(prefix: str, n: int) -> str:
-    return f"{prefix}{n // (CALLS_PER_RUN * 3)}"
+    return f"{prefix}{n // (CALLS_PER_RUN * 4)}"
 
 
 def _check(result: types.CallToolResult, n: int) -> None:
@@ -121,7 +142,11 @@ def report(medians: Samples) -> str:
     for clock in ("wall", "cpu"):
         bare = median(medians["bare"][clock])
         lines.append(f"{clock:>4}  bare ledger.call       p50 {bare * 1e6:7.0f} us  (floor)")
-        for name, label in (("adapter", "MCP handler"), ("client", "in-process mcp.Client")):
+        for name, label in (
+            ("shared", "make_call (shared)"),
+            ("adapter", "MCP handler"),
+            ("client", "in-process mcp.Client"),
+        ):
             value = median(medians[name][clock])
             lines.append(
                 f"{clock:>4}  {label:<22} p50 {value * 1e6:7.0f} us  {value / bare:.2f}x  "
