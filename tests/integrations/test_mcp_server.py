@@ -54,6 +54,24 @@ class McpScenarios:
         assert h.billing.requests("r1:c1") == 1
         assert h.billing.effects() == 1
 
+    async def test_a_client_that_gave_up_waiting_and_resends_gets_the_one_refund(
+        self, h: Harness
+    ) -> None:
+        """A client whose read timeout fires mid-call (the SDK cancels the call on the server)
+        must get one refund when it resends the key: the one already sent, found by the tool's
+        reconcile hook, or, if the timeout came before anything was sent, the one made then."""
+        async with Client(h.server.server) as client:
+            with pytest.raises(MCPError, match="Timed out"):
+                await call_tool_keyed(
+                    client, ISSUE_SLOWLY, REFUND, run_id="r1", tool_call_id="c1",
+                    read_timeout_seconds=0.1,
+                )  # fmt: skip
+        resent = await h.call(ISSUE_SLOWLY, "c1")
+        assert status(resent) == "completed", text(resent)
+        credit = await h.billing.find_credit("r1:c1")
+        assert credit is not None and resent.structured_content == credit.model_dump()
+        assert h.billing.requests() == 1
+
     async def test_two_servers_given_one_key_at_once_make_one_refund(self, h: Harness) -> None:
         """Two servers (replicas behind one endpoint) receiving the same key concurrently must
         make one refund and both answer it."""
