@@ -185,6 +185,16 @@ class McpScenarios:
         record = await h.ledger.read_call("r1:c1")
         assert record is not None and record.tool == "shop.refunds.issue"
 
+    async def test_the_server_tells_the_model_up_front_not_to_repeat_unsettled_calls(
+        self, h: Harness
+    ) -> None:
+        """Before any call, the client (and through it the model) must hear that a resend with
+        the same key is safe and a repeat of an unknown or held call under a new one is not."""
+        async with Client(h.server.server) as client:
+            said = client.instructions
+        assert said is not None
+        assert "same key is always safe" in said and "do not make the same request again" in said
+
     async def test_a_colon_in_a_run_id_is_encoded_by_the_helper_and_refused_raw(
         self, h: Harness
     ) -> None:

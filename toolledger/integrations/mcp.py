@@ -25,6 +25,7 @@ streamable HTTP; in-process, `mcp.Client(LedgerMCPServer(...).server)`.
 
 from __future__ import annotations
 
+import importlib.metadata
 import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any, cast
@@ -60,6 +61,16 @@ __all__ = ["KeyMetaError", "LedgerMCPServer", "call_tool_keyed", "meta_for"]
 #: JSON-RPC "invalid params": the spec's code for an unknown tool or an unusable request.
 INVALID_PARAMS = -32602
 
+#: What the server tells the client (and through it the model) before any call.
+INSTRUCTIONS = (
+    "Every call of these tools is recorded in a ledger and takes effect at most once per call "
+    "key (the `_meta` entries dev.toolledger/run-id and dev.toolledger/tool-call-id). Resending "
+    "a call with the same key is always safe: it returns the recorded answer. When a result "
+    "says the outcome is unknown, that the call awaits approval, or that it was held as a "
+    "repeat, do not make the same request again as a new call: tell the user it is being "
+    "checked."
+)
+
 
 class LedgerMCPServer:
     """An MCP server (`self.server`, the SDK's low-level `Server`) over a ledger's tools.
@@ -91,7 +102,11 @@ class LedgerMCPServer:
         self.names = ToolNames(tools)
         self._unkeyed_run = f"mcp-unkeyed-{uuid.uuid4().hex[:8]}"
         self.server: Server[Any] = Server(
-            name, on_list_tools=self._list_tools, on_call_tool=self._call_tool
+            name,
+            version=_version(),
+            instructions=INSTRUCTIONS,
+            on_list_tools=self._list_tools,
+            on_call_tool=self._call_tool,
         )
 
     async def _list_tools(
@@ -160,6 +175,13 @@ class LedgerMCPServer:
         if isinstance(answer, Answer):
             return said.answered(name, answer)
         return said.paused(name, answer)
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("toolledger")
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - a source checkout
+        return ""
 
 
 def _needs_key(name: str, tool: Tool[Any, Any]) -> str:
