@@ -32,7 +32,7 @@ from toolledger.api.tokens import PostgresTokens
 from toolledger.events.codec import encode
 from toolledger.events.lifecycle import sign
 from toolledger.events.models import CallResolved, utcnow
-from toolledger.projections.store import CallQuery, count_calls, select_calls
+from toolledger.projections.store import CallQuery, count_calls, count_statuses, select_calls
 from toolledger.settings import Settings
 from toolledger.stack import LedgerStack
 
@@ -309,11 +309,13 @@ async def test_postgres_listing_and_counts_agree_with_a_scan_of_the_ledger(
     calls: s.Calls, stack: LedgerStack
 ) -> None:
     """The indexed queries behind the queue and /metrics must select and order exactly what
-    the reference scan does (`select_calls`, `count_calls`), ties and cursors included."""
+    the reference scan does (`select_calls`, `count_calls`, `count_statuses`), ties, cursors
+    and the console's overdue filter included."""
     for n in range(4):
         await calls.indeterminate(f"q-{n}", tenant="acme" if n % 2 else "globex")
         await calls.reserve(f"q-{n}", "c2", tenant="acme" if n % 2 else "globex")
     await calls.completed("q-9", tool="billing.send_email")
+    await calls.reserve("q-8", deadline_in=-60)
     snapshot = await stack.store.snapshot()
     everything = list(snapshot.calls.values())
     first = sorted(everything, key=lambda c: (c.updated_at, c.key))[2]
@@ -324,11 +326,17 @@ async def test_postgres_listing_and_counts_agree_with_a_scan_of_the_ledger(
         CallQuery(tenant_id=None, tool="billing.send_email"),
         CallQuery(tenant_id="globex", run_id="q-2"),
         CallQuery(tenant_id=None, after=(first.updated_at, first.key), limit=4),
+        CallQuery(tenant_id="acme", started_deadline_before=utcnow()),
+        CallQuery(tenant_id=None, started_deadline_before=utcnow() + timedelta(hours=1)),
     ]:
         assert await stack.store.list_calls(query) == select_calls(everything, query), query
     now = utcnow() + timedelta(seconds=30)
     bounds = (0.0, 10.0, 3600.0)
     assert await stack.store.call_stats(now, bounds) == count_calls(everything, now, bounds)
+    for tenant in ("acme", "globex", None):
+        for before in (utcnow(), utcnow() + timedelta(hours=1)):
+            counted = await stack.store.status_counts(tenant, before)
+            assert counted == count_statuses(everything, tenant, before), (tenant, before)
 
 
 async def test_readiness_and_metrics_read_the_real_ledger(

@@ -8,6 +8,7 @@ PostgreSQL ledger, memory for the embedded one.
 
 Besides `/v1/tool-executions` (`toolledger.api.routes`) it serves:
 
+- `/console`: the operator console, HTML pages over the same service (`toolledger.api.console`);
 - `/healthz`: the process is up;
 - `/readyz`: PostgreSQL answers, a projector has bound the events topic, and this process's
   operator commands are getting verdicts (none is stuck, the last one did not time out);
@@ -37,14 +38,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from toolledger.api import metrics
 from toolledger.api.auth import ApiContext, ApiError, api_context
 from toolledger.api.compensation import RuntimeCompensator
-from toolledger.api.errors import (
-    Conflict,
-    InvalidRequest,
-    Misconfigured,
-    NotFound,
-    OperatorError,
-    Unavailable,
-)
+from toolledger.api.console import Sessions, mount_console
+from toolledger.api.errors import Conflict, OperatorError, http_status
 from toolledger.api.routes import STATUSES, errors, router
 from toolledger.api.schemas import ErrorDetail, ErrorResponse, Health, ToolExecution
 from toolledger.api.service import OperatorService
@@ -64,14 +59,6 @@ METRICS_REFRESH_S = 5.0
 #: How long /readyz waits for PostgreSQL before calling the API not ready.
 READY_TIMEOUT_S = 2.0
 
-_STATUS_OF: dict[type[OperatorError], int] = {
-    NotFound: 404,
-    InvalidRequest: 422,
-    Conflict: 409,
-    Unavailable: 503,
-    Misconfigured: 500,
-}
-
 
 def create_app(
     source: LedgerStack | OperatorService | StackFactory,
@@ -80,11 +67,13 @@ def create_app(
     tokens: TokenStore | None = None,
     tools: Mapping[str, Tool[Any, Any]] | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
+    console_sessions: Sessions | None = None,
 ) -> FastAPI:
     """The operator API over `source` (see the module docstring), configured by `settings`.
 
     `tools` (tool name -> `Tool`) lets the API run compensations; without it, compensating is
-    refused with 409 saying so. Raises `ConfigError` when no signing key is configured.
+    refused with 409 saying so. `console_sessions` is the console's session store (default: a
+    new in-memory one). Raises `ConfigError` when no signing key is configured.
     """
     if not isinstance(source, OperatorService) and not settings.signing_keys:
         raise ConfigError(
@@ -120,6 +109,7 @@ def create_app(
     if isinstance(source, LedgerStack | OperatorService):
         app.state.toolledger = _context(source, settings, tokens, tools)
     app.include_router(router)
+    mount_console(app, console_sessions)
     _health_routes(app)
     _error_handlers(app)
     app.add_middleware(_BodyLimit, max_bytes=max_body_bytes)
@@ -261,7 +251,7 @@ def _error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(OperatorError)
     async def operator_error(_request: Request, exc: OperatorError) -> JSONResponse:
-        status = next((s for t, s in _STATUS_OF.items() if isinstance(exc, t)), 500)
+        status = http_status(exc)
         conflict = exc if isinstance(exc, Conflict) else None
         return _error(status, exc.code, exc.message, conflict=conflict)
 

@@ -74,16 +74,21 @@ def _requires(needed: Role) -> Callable[[ApiContext, _Credentials], Awaitable[To
             token = await context.tokens.authenticate(credentials.credentials)
         except TokenRejected as exc:
             raise ApiError(401, exc.code, exc.message, challenge) from None
-        if not role_allows(token.role, needed):
-            raise ApiError(
-                403,
-                "forbidden",
-                f"token {token.token_id} ({token.operator}) has role {token.role}; this needs "
-                f"role {needed} or higher",
-            )
-        return token
+        return check_role(token, needed)
 
     return authenticate
+
+
+def check_role(token: TokenRecord, needed: Role) -> TokenRecord:
+    """`token` if its role may do what `needed` may; 403 otherwise (the API and the console)."""
+    if not role_allows(token.role, needed):
+        raise ApiError(
+            403,
+            "forbidden",
+            f"token {token.token_id} ({token.operator}) has role {token.role}; this needs "
+            f"role {needed} or higher",
+        )
+    return token
 
 
 def operator_of(token: TokenRecord) -> Operator:

@@ -51,3 +51,18 @@ class Unavailable(OperatorError):
 
 class Misconfigured(OperatorError):
     """This process's setup contradicts the ledger's (its signing key is not one it accepts)."""
+
+
+def http_status(exc: OperatorError) -> int:
+    """The HTTP status the API and the console answer `exc` with."""
+    match exc:
+        case NotFound():
+            return 404
+        case InvalidRequest():
+            return 422
+        case Conflict():
+            return 409
+        case Unavailable():
+            return 503
+        case _:
+            return 500

@@ -54,9 +54,9 @@ from toolledger.events.models import (
     OperatorEvent,
     utcnow,
 )
-from toolledger.events.records import CallRecord, CallStatus, Verdict
+from toolledger.events.records import CallRecord, CallStatus, RunRecord, Verdict
 from toolledger.projections.commands import LedgerCommands
-from toolledger.projections.store import CallQuery, LedgerStore
+from toolledger.projections.store import CallQuery, LedgerStore, StatusCounts
 from toolledger.projections.verdicts import LedgerUnavailable
 from toolledger.settings import ConfigError
 
@@ -158,8 +158,13 @@ class OperatorService:
         run_id: str | None = None,
         limit: int = 50,
         cursor: str | None = None,
+        overdue_only: bool = False,
     ) -> Page:
-        """A page of the tenant's calls, longest-waiting first (oldest change first)."""
+        """A page of the tenant's calls, longest-waiting first (oldest change first).
+
+        `overdue_only` drops the `started` calls an operator may not resolve yet (still
+        within their deadline plus grace): the console's queue of what needs a person.
+        """
         if not 1 <= limit <= MAX_PAGE:
             raise InvalidRequest("invalid_limit", f"limit must be 1 to {MAX_PAGE}, not {limit}")
         if not all(storable(text) for text in (tool or "", run_id or "")):
@@ -171,6 +176,7 @@ class OperatorService:
             run_id=run_id,
             after=decode_cursor(cursor) if cursor else None,
             limit=limit + 1,
+            started_deadline_before=self.clock() - CLOCK_SKEW_GRACE if overdue_only else None,
         )
         found = await self.store.list_calls(query)
         items = found[:limit]
@@ -188,6 +194,15 @@ class OperatorService:
                 "GET /v1/tool-executions (or `toolledger executions list`)",
             )
         return record
+
+    async def counts(self, who: Operator) -> StatusCounts:
+        """The tenant's calls per status, and how many `started` ones an operator may resolve."""
+        return await self.store.status_counts(who.tenant_id, self.clock() - CLOCK_SKEW_GRACE)
+
+    async def run(self, who: Operator, run_id: str) -> RunRecord | None:
+        """The run `run_id` if this operator's tenant owns it (None otherwise, or if unknown)."""
+        run = await self.store.get_run(run_id) if storable(run_id) else None
+        return run if run is not None and who.tenant_id in (None, run.tenant_id) else None
 
     async def show(self, who: Operator, key: str) -> tuple[CallRecord, list[HistoryEntry]]:
         """The call and every event of its key, accepted or rejected, in log order."""

@@ -166,6 +166,11 @@ class TokenStore(ABC):
         """The token's record if it is known, not revoked and not expired; else `TokenRejected`."""
         return check_usable(await self._by_hash(hash_token(token)), now or utcnow())
 
+    async def authenticate_digest(self, digest: str, now: datetime | None = None) -> TokenRecord:
+        """`authenticate` for a caller that kept only the token's hash: the console's sessions
+        re-check their token on every request, so a revoked or expired token ends them."""
+        return check_usable(await self._by_hash(digest), now or utcnow())
+
 
 class MemoryTokens(TokenStore):
     """Tokens in a dict: the embedded ledger's twin of `PostgresTokens`."""

@@ -28,10 +28,12 @@ from toolledger.projections.store import (
     LedgerStore,
     OffsetConflict,
     PartitionState,
+    StatusCounts,
     batch_reads,
     check_batch,
     check_identity,
     count_calls,
+    count_statuses,
     fold_batch,
     select_calls,
 )
@@ -148,6 +150,9 @@ class MemoryLedger(LedgerStore):
 
     async def call_stats(self, now: datetime, older_than: Sequence[float]) -> CallStats:
         return count_calls(self._fold.calls.values(), now, older_than)
+
+    async def status_counts(self, tenant_id: str | None, deadline_before: datetime) -> StatusCounts:
+        return count_statuses(self._fold.calls.values(), tenant_id, deadline_before)
 
     async def verdicts(self, event_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, Verdict]:
         found = self._fold.verdicts

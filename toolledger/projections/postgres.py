@@ -60,6 +60,7 @@ from toolledger.projections.store import (
     LedgerStore,
     OffsetConflict,
     PartitionState,
+    StatusCounts,
     StoreError,
     batch_reads,
     check_batch,
@@ -158,6 +159,10 @@ _MARK_FACTS_PUBLISHED = (
 )
 
 _COUNT_BY_STATUS = "SELECT status, count(*) AS n FROM tool_executions GROUP BY status"
+_COUNT_TENANT = (
+    "SELECT status, count(*) AS n, count(*) FILTER (WHERE deadline < $2) AS overdue "
+    "FROM tool_executions WHERE $1::text IS NULL OR tenant_id = $1 GROUP BY status"
+)
 # Cumulative: a call unsettled for an hour counts under every bound up to an hour.
 _COUNT_UNSETTLED = (
     "SELECT t.status, b.bound, count(*) AS n FROM tool_executions AS t "
@@ -185,6 +190,9 @@ def _list_calls_sql(query: CallQuery) -> tuple[str, list[Any]]:
         where.append(f"tool = {arg(query.tool)}")
     if query.run_id is not None:
         where.append(f"run_id = {arg(query.run_id)}")
+    if query.started_deadline_before is not None:
+        before = arg(query.started_deadline_before)
+        where.append(f"(status <> 'started' OR deadline < {before}::timestamptz)")
     if query.after is not None:
         at, key = query.after
         where.append(f"(updated_at, key) > ({arg(at)}::timestamptz, {arg(key)}::text)")
@@ -525,6 +533,11 @@ class PostgresLedger(LedgerStore):
         for row in rows:
             unsettled[(row["status"], float(row["bound"]))] = int(row["n"])
         return CallStats(by_status=by_status, unsettled=unsettled)
+
+    async def status_counts(self, tenant_id: str | None, deadline_before: datetime) -> StatusCounts:
+        rows = await self._db.fetch(_COUNT_TENANT, tenant_id, deadline_before)
+        overdue = sum(int(r["overdue"]) for r in rows if r["status"] == "started")
+        return StatusCounts(by_status={r["status"]: int(r["n"]) for r in rows}, overdue=overdue)
 
     async def verdicts(self, event_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, Verdict]:
         rows = await self._db.fetch(_VERDICTS, list(event_ids))

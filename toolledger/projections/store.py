@@ -81,6 +81,8 @@ class CallQuery:
     the last call of the previous page (keyset pagination: a page never skips or repeats a call
     that did not change in between). `tenant_id=None` lists every tenant (admin tools only; the
     operator API always passes the token's tenant). Empty `statuses` means any status.
+    `started_deadline_before` keeps only the `started` calls whose deadline passed before it
+    (the console's queue lists overdue calls, not ones still running in time).
     """
 
     tenant_id: str | None
@@ -89,11 +91,14 @@ class CallQuery:
     run_id: str | None = None
     after: tuple[datetime, str] | None = None
     limit: int = 50
+    started_deadline_before: datetime | None = None
 
     def matches(self, call: CallRecord) -> bool:
+        overdue = self.started_deadline_before
         return (
             (self.tenant_id is None or call.tenant_id == self.tenant_id)
             and (not self.statuses or call.status in self.statuses)
+            and (overdue is None or call.status != "started" or call.deadline < overdue)
             and (self.tool is None or call.tool == self.tool)
             and (self.run_id is None or call.run_id == self.run_id)
             and (self.after is None or (call.updated_at, call.key) > self.after)
@@ -104,6 +109,27 @@ def select_calls(calls: Iterable[CallRecord], query: CallQuery) -> list[CallReco
     """`query` answered by scanning `calls`: the reference the indexed adapters must match."""
     found = sorted((c for c in calls if query.matches(c)), key=lambda c: (c.updated_at, c.key))
     return found[: query.limit]
+
+
+@dataclass(frozen=True)
+class StatusCounts:
+    """One tenant's calls per status, and how many `started` ones are past a deadline bound."""
+
+    by_status: dict[str, int]
+    overdue: int
+
+
+def count_statuses(
+    calls: Iterable[CallRecord], tenant_id: str | None, deadline_before: datetime
+) -> StatusCounts:
+    """`StatusCounts` by scanning `calls` (the reference for the adapters' queries)."""
+    by_status: dict[str, int] = {}
+    overdue = 0
+    for call in calls:
+        if tenant_id is None or call.tenant_id == tenant_id:
+            by_status[call.status] = by_status.get(call.status, 0) + 1
+            overdue += call.status == "started" and call.deadline < deadline_before
+    return StatusCounts(by_status=by_status, overdue=overdue)
 
 
 @dataclass(frozen=True)
@@ -221,6 +247,11 @@ class LedgerStore(ABC):
         """Calls per status and unsettled calls per age bound (see `CallStats`), as of `now`.
         This default scans a snapshot; adapters count in place."""
         return count_calls((await self.snapshot()).calls.values(), now, older_than)
+
+    async def status_counts(self, tenant_id: str | None, deadline_before: datetime) -> StatusCounts:
+        """The tenant's calls per status and its `started` calls whose deadline passed before
+        `deadline_before` (the console's counts). This default scans a snapshot."""
+        return count_statuses((await self.snapshot()).calls.values(), tenant_id, deadline_before)
 
     @abstractmethod
     async def facts_since(self, partition: int, offset: int, limit: int) -> list[Fact]:
