@@ -19,6 +19,7 @@ from benchmarks import (
     _backlog,
     catch_up,
     fast_path,
+    integrations,
     replay_rate,
     runtime_overhead,
     throughput,
@@ -27,7 +28,15 @@ from benchmarks import (
 from benchmarks._support import Row, Scratch, say, services, table
 from toolledger.devstack import Services
 
-BENCHMARKS = ("latency", "catch-up", "replay", "overhead", "fast-path", "throughput")
+BENCHMARKS = (
+    "latency",
+    "catch-up",
+    "replay",
+    "overhead",
+    "fast-path",
+    "throughput",
+    "integrations",
+)
 
 
 def _arguments(argv: list[str] | None) -> argparse.Namespace:
@@ -101,6 +110,9 @@ async def _run(found: Services, args: argparse.Namespace) -> list[Row]:
             rows += await throughput.measure(
                 scratch, runs=args.runs, calls=args.calls, repeat=args.repeat
             )
+        if "integrations" in chosen:
+            say("framework adapters per call (memory ledger)")
+            rows += await integrations.measure(samples=args.samples, repeat=args.repeat)
     finally:
         await scratch.cleanup()
     return rows

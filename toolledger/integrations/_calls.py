@@ -185,14 +185,17 @@ async def _twin(
 ) -> CallRecord | None:
     """Another call of this run, same tool and argument digest, unsettled or settled after
     being unknown (completed by an operator or reconciler); None if there is none."""
+    calls = await ledger.stack.store.list_calls(
+        CallQuery(tenant_id=tenant_id, run_id=key.run_id, tool=tool.name, limit=500)
+    )
+    others = [c for c in calls if c.tool_call_id != key.tool_call_id]
+    if not others:
+        return None  # the common case: no digest needed (validating costs more than listing)
     try:
         digest = tool.prepare(arguments).digest
     except ValueError:
         return None  # Ledger.call reports the bad arguments
-    calls = await ledger.stack.store.list_calls(
-        CallQuery(tenant_id=tenant_id, run_id=key.run_id, tool=tool.name, limit=500)
-    )
-    twins = [c for c in calls if c.args_digest == digest and c.tool_call_id != key.tool_call_id]
+    twins = [c for c in others if c.args_digest == digest]
     unsettled = [c for c in twins if c.status in UNSETTLED]
     if unsettled:
         return unsettled[0]

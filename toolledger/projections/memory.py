@@ -48,9 +48,9 @@ class MemoryLedger(LedgerStore):
         self._lock = asyncio.Lock()
         self._subscribers: set[asyncio.Queue[uuid.UUID]] = set()
         self._history_by_key: dict[str, list[HistoryEntry]] = {}
-        # The run's keys, as PostgreSQL's `tool_executions_run` index: a run driver's or an
-        # adapter's duplicate-intent query must not scan every call of the ledger.
-        self._keys_by_run: dict[str, set[str]] = {}
+        # The keys of each run, so a run's calls are listed without scanning every call (the
+        # duplicate-intent guard asks for them before each new call of a run).
+        self._keys_by_run: dict[str, dict[str, None]] = {}
         self._published: dict[int, int] = {}
 
     @property
@@ -117,7 +117,7 @@ class MemoryLedger(LedgerStore):
             )
             fold.calls.update((c.key, c) for c in outcome.calls)
             for call in outcome.calls:
-                self._keys_by_run.setdefault(call.run_id, set()).add(call.key)
+                self._keys_by_run.setdefault(call.run_id, {})[call.key] = None
             fold.runs.update((r.run_id, r) for r in outcome.runs)
             fold.history.extend(outcome.history)
             fold.heads.update(outcome.heads)
@@ -144,9 +144,10 @@ class MemoryLedger(LedgerStore):
 
     async def list_calls(self, query: CallQuery) -> list[CallRecord]:
         calls = self._fold.calls
-        if query.run_id is None:
-            return select_calls(calls.values(), query)
-        return select_calls((calls[k] for k in self._keys_by_run.get(query.run_id, ())), query)
+        if query.run_id is not None:
+            keys = self._keys_by_run.get(query.run_id, {})
+            return select_calls((calls[k] for k in keys), query)
+        return select_calls(calls.values(), query)
 
     async def call_stats(self, now: datetime, older_than: Sequence[float]) -> CallStats:
         return count_calls(self._fold.calls.values(), now, older_than)

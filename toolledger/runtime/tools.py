@@ -129,6 +129,13 @@ class Tool(Generic[P, T]):
         deadline is `now + budget`, after which others may settle the call."""
         return self.effect.max_attempts * self.timeout + self.effect.worst_case_backoff()
 
+    @property
+    def arguments_schema(self) -> dict[str, Any]:
+        """The JSON schema of the arguments, by parameter name (what a model is shown)."""
+        schema = self._arguments.model_json_schema(by_alias=True)
+        schema["title"] = self.name
+        return schema
+
     def prepare(self, arguments: Mapping[str, Any]) -> PreparedCall:
         """Validate `arguments`; raises pydantic's `ValidationError` if they do not fit."""
         model = self._arguments.model_validate(dict(arguments))

@@ -1,0 +1,167 @@
+"""Framework runs across real OS processes (Kafka + PostgreSQL): a process killed after its
+tool took effect, resumed in a new process from the framework's own persistence, and two
+processes resuming one thread at once. One effect in every case.
+
+The persistence is each framework's: a LangGraph checkpointer (`FileSaver`, LangGraph's
+`InMemorySaver` in a file), a PydanticAI message history saved at each `CallToolsNode`, an
+OpenAI Agents `RunState` JSON (saved at a pause: the SDK offers no resumable state of a run
+that is merely in the middle of a tool, so its kill case is not claimed here).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import AsyncIterator, Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import pytest
+
+from tests.fake_billing import FakeBilling
+from tests.integration.procs import Proc, Procs, toolledger_env, until
+from toolledger import Settings
+from toolledger.api import create_app
+from toolledger.api.tokens import MemoryTokens
+from toolledger.stack import LedgerStack
+
+KEY_ID = "ops-1"
+SECRET = "operator-signing-secret-for-framework-process-tests"
+
+
+@pytest.fixture
+def settings(pg_dsn: str, kafka_bootstrap: str, pg_schema: str, topic_prefix: str) -> Settings:
+    return Settings(
+        database_url=pg_dsn,
+        kafka_bootstrap=kafka_bootstrap,
+        schema_name=pg_schema,
+        topic_prefix=topic_prefix + ".",
+        partitions=2,
+        signing_keys={KEY_ID: SECRET},
+    )
+
+
+@pytest.fixture
+async def stack(settings: Settings) -> AsyncIterator[LedgerStack]:
+    """The projector runs here; the workers only append and read."""
+    stack = await LedgerStack.connect(settings, run_projector=True)
+    yield stack
+    await stack.close()
+
+
+@pytest.fixture
+def procs(tmp_path: Path) -> Iterator[Procs]:
+    procs = Procs(tmp_path)
+    yield procs
+    procs.close()
+
+
+class Workers:
+    def __init__(self, procs: Procs, settings: Settings, tmp: Path, framework: str) -> None:
+        self.procs = procs
+        self.tmp = tmp
+        self.framework = framework
+        self.env = {
+            **toolledger_env(
+                settings.database_url or "",
+                settings.kafka_bootstrap or "",
+                settings.schema_name,
+                settings.topic_prefix,
+                2,
+            ),
+            "TOOLLEDGER_SIGNING_KEYS": f"{KEY_ID}:{SECRET}",
+        }
+        self.store = tmp / "store"
+        self.store.mkdir()
+        self.billing = FakeBilling(tmp / "billing.db")
+
+    def start(self, name: str, mode: str, tool: str, go: str = "", **env: str) -> Proc:
+        return self.procs.python(
+            name,
+            "tests.integrations.worker",
+            self.framework,
+            mode,
+            "--thread",
+            "t1",
+            "--store",
+            str(self.store),
+            "--tool",
+            tool,
+            "--service",
+            str(self.tmp / "billing.db"),
+            *(["--go", go] if go else []),
+            env={**self.env, **env},
+        )
+
+    async def finished(self, proc: Proc) -> dict[str, Any]:
+        code = await proc.wait_exit(timeout=60)
+        assert code == 0, proc.output()
+        return dict(json.loads((self.store / f"result-{proc.pid}.json").read_text()))
+
+
+@pytest.mark.parametrize("framework", ["langgraph", "pydantic_ai"])
+async def test_a_process_killed_after_the_credit_is_resumed_elsewhere_with_one_effect(
+    framework: str, settings: Settings, stack: LedgerStack, procs: Procs, tmp_path: Path
+) -> None:
+    """A process SIGKILLed after the billing system made the credit, before anything recorded
+    it, must not credit again when a new process resumes the run from the framework's saved
+    state: the saved tool call id gives the same key, and the ledger answers it."""
+    workers = Workers(procs, settings, tmp_path, framework)
+    marker = tmp_path / "hung"
+    first = workers.start(
+        "first",
+        "start",
+        "billing__issue_credit_patiently",
+        TEST_CREDIT_BEHAVIOUR="effect_then_hang",
+        TEST_HANG_MARKER=str(marker),
+    )
+    await until(marker.exists, timeout=60, what="the credit made and the tool hanging")
+    first.signal(signal.SIGKILL)
+    await first.wait_exit(timeout=10)
+    assert workers.billing.effects("t1:c1") == 1
+    second = workers.start("second", "resume", "billing__issue_credit_patiently")
+    result = await workers.finished(second)
+    credit = await workers.billing.find_credit("t1:c1")
+    assert credit is not None and credit.credit_id in result["step"]["answer"]
+    assert (workers.billing.requests(), workers.billing.effects()) == (1, 1)
+
+
+@pytest.mark.parametrize("framework", ["langgraph", "pydantic_ai", "openai_agents"])
+async def test_two_processes_resuming_one_thread_make_one_effect(
+    framework: str, settings: Settings, stack: LedgerStack, procs: Procs, tmp_path: Path
+) -> None:
+    """Two processes resuming one paused run (an approved refund) at the same instant must
+    not both refund: one reservation wins, the other answers with its outcome."""
+    workers = Workers(procs, settings, tmp_path, framework)
+    paused = await workers.finished(workers.start("start", "start", "billing__refund_large"))
+    assert paused["step"]["paused"] == ["t1:c1"]
+    await approve(stack, settings, "t1:c1")
+    go = tmp_path / "go"
+    racers = [
+        workers.start(f"racer{n}", "resume", "billing__refund_large", go=str(go)) for n in (1, 2)
+    ]
+    go.write_text("go")
+    results = [await workers.finished(racer) for racer in racers]
+    credit = await workers.billing.find_credit("t1:c1")
+    assert credit is not None
+    assert all(credit.credit_id in r["step"]["answer"] for r in results)
+    assert (workers.billing.requests(), workers.billing.effects()) == (1, 1)
+
+
+async def approve(stack: LedgerStack, settings: Settings, key: str) -> None:
+    """An operator approves `key` over the HTTP API."""
+    tokens = MemoryTokens()
+    token = (await tokens.create("acme", "alice", "operator", timedelta(hours=1))).token
+    app = create_app(stack, settings, tokens=tokens)
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app),
+        base_url="http://api",
+        headers={"Authorization": f"Bearer {token}"},
+    ) as api:
+        response = await api.post(
+            f"/v1/tool-executions/{quote(key, safe='')}/approve", json={"reason": "looks right"}
+        )
+        assert response.status_code == 200, response.text
