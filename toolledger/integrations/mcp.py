@@ -200,7 +200,7 @@ def _describe(name: str, tool: Tool[Any, Any]) -> types.Tool:
         name=name,
         title=tool.name,
         description=(tool.__doc__ or tool.name).strip(),
-        input_schema=input_schema(tool),
+        input_schema=tool.arguments_schema,  # what `Tool.prepare` validates the arguments with
         annotations=types.ToolAnnotations(
             read_only_hint=read_only,
             destructive_hint=tool.effect.kind == "destructive",
@@ -208,14 +208,6 @@ def _describe(name: str, tool: Tool[Any, Any]) -> types.Tool:
             open_world_hint=tool.effect.kind == "external",
         ),
     )
-
-
-def input_schema(tool: Tool[Any, Any]) -> dict[str, Any]:
-    """The JSON Schema of the tool's arguments: the pydantic model `Tool.prepare` validates
-    with, so what the schema allows is exactly what the ledger accepts."""
-    schema = tool._arguments.model_json_schema(by_alias=True)
-    schema.pop("title", None)
-    return schema
 
 
 async def call_tool_keyed(
