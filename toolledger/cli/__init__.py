@@ -19,6 +19,7 @@ from toolledger.cli.drill import drill
 from toolledger.cli.executions import executions
 from toolledger.cli.keys import keys
 from toolledger.cli.ledger import audit_command, dead_letters, history, replay_command
+from toolledger.cli.mcp import mcp
 from toolledger.cli.projector import projector
 from toolledger.cli.reconciler import reconciler
 from toolledger.cli.resumer import resumer
@@ -62,6 +63,7 @@ main.add_command(reconciler)
 main.add_command(resumer)
 main.add_command(analytics)
 main.add_command(api)
+main.add_command(mcp)
 main.add_command(tokens)
 main.add_command(keys)
 main.add_command(executions)
