@@ -27,13 +27,13 @@ import mcp.types as types
 from mcp import Client
 from pydantic import BaseModel
 
-from toolledger import Ledger, Settings, ToolContext, Toolset, external
+from toolledger import Ledger, OperatorSettings, SigningKey, ToolContext, Toolset, external
 from toolledger.api import create_app
 from toolledger.api.tokens import MemoryTokens
 from toolledger.integrations.mcp import LedgerMCPServer, call_tool_keyed
 
 RUN = "penny-run"
-SIGNING = {"ops-1": "penny-operator-signing-secret"}
+SIGNING = SigningKey.generate("ops-1")
 
 
 class Payout(BaseModel):
@@ -78,10 +78,10 @@ def said(result: types.CallToolResult) -> str:
 
 
 async def main() -> int:
-    async with await Ledger.memory({k: v.encode() for k, v in SIGNING.items()}) as ledger:
+    async with await Ledger.memory(SIGNING) as ledger:
         server = LedgerMCPServer(ledger, penny, tenant_id="penny-shop")
         tokens = MemoryTokens()
-        api = create_app(ledger.stack, Settings(signing_keys=SIGNING), tokens=tokens)
+        api = create_app(ledger.stack, OperatorSettings(signing_keys=(SIGNING,)), tokens=tokens)
         bearer = (await tokens.create("penny-shop", "olga", "operator", timedelta(hours=1))).token
         name = server.names.model_name("penny.pay_refund")
 

@@ -22,9 +22,10 @@ import mcp.types as types
 from mcp import Client
 
 from tests import api_support as s
+from tests.api_support import OneProcessSettings as Settings
 from tests.fake_billing import FakeBilling, use_service
 from tests.integrations import mcp_tools
-from toolledger import Ledger, Settings
+from toolledger import Ledger
 from toolledger.api import create_app
 from toolledger.api.app import close_stack
 from toolledger.api.tokens import MemoryTokens
@@ -66,7 +67,6 @@ def child_env(settings: Settings, billing_db: Path) -> dict[str, str]:
         "TOOLLEDGER_SCHEMA": settings.schema_name,
         "TOOLLEDGER_TOPIC_PREFIX": settings.topic_prefix,
         "TOOLLEDGER_PARTITIONS": str(settings.partitions),
-        "TOOLLEDGER_SIGNING_KEYS": f"{s.KEY_ID}:{s.SECRET}",
         "MCP_TEST_BILLING_DB": str(billing_db),
     }
 
@@ -122,7 +122,7 @@ async def harness(
     stack: LedgerStack, settings: Settings, billing_db: Path, options: AdapterOptions | None = None
 ) -> AsyncIterator[Harness]:
     billing = use_service(FakeBilling(billing_db))
-    ledger = Ledger.from_stack(stack, verdict_timeout=10, signing_keys=settings.signing_secrets())
+    ledger = Ledger.from_stack(stack, verdict_timeout=10)
     server = LedgerMCPServer(ledger, mcp_tools.refunds, tenant_id=TENANT, options=options)
     tokens = MemoryTokens()
     app = create_app(stack, settings, tokens=tokens)

@@ -23,6 +23,7 @@ import pytest
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
+from tests.api_support import OneProcessSettings as Settings
 from tests.fake_billing import FakeBilling, use_service
 from tests.integration.procs import Proc, Procs, until
 from tests.integrations.mcp_support import (
@@ -38,7 +39,6 @@ from tests.integrations.mcp_support import (
     status,
     text,
 )
-from toolledger import Settings
 from toolledger.api.app import close_stack
 from toolledger.integrations.mcp import call_tool_keyed
 from toolledger.stack import LedgerStack

@@ -244,7 +244,7 @@ def _meta(entries: dict[str, str]) -> types.RequestParamsMeta:
 class TestOnMemory(McpScenarios):
     @pytest.fixture
     async def h(self, tmp_path: Path) -> AsyncIterator[Harness]:
-        stack = await LedgerStack.memory(signing_keys=s.KEYS)
+        stack = await LedgerStack.memory(verify_keys=s.KEYS)
         async with harness(stack, s.api_settings(), tmp_path / "billing.db") as h:
             yield h
 

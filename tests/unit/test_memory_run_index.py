@@ -11,7 +11,7 @@ from toolledger.stack import LedgerStack
 async def test_a_runs_calls_from_the_index_match_a_scan_of_the_ledger() -> None:
     """`list_calls` by run must not miss or add a call, nor reorder them, against
     `select_calls` over every call (the duplicate-intent guards read it before each call)."""
-    stack = await LedgerStack.memory(signing_keys=s.KEYS)
+    stack = await LedgerStack.memory(verify_keys=s.KEYS)
     try:
         calls = s.Calls(stack)
         for n in range(3):

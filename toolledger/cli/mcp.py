@@ -111,7 +111,7 @@ async def _serve(
     from toolledger.integrations.mcp import LedgerMCPServer
 
     if memory:
-        ledger = await Ledger.memory(settings.signing_secrets() or None)
+        ledger = await Ledger.memory()
     else:
         ledger = await Ledger.connect(settings)
     async with ledger:
