@@ -24,6 +24,7 @@ from toolledger.api.app import close_stack
 from toolledger.api.console import Sessions
 from toolledger.api.console.pages import PAGE_SIZE
 from toolledger.api.console.sessions import ANONYMOUS_IDLE, COOKIE, MAX_SESSIONS
+from toolledger.api.service import Operator, OperatorService
 from toolledger.api.tokens import MemoryTokens, hash_token
 from toolledger.events.models import utcnow
 from toolledger.stack import LedgerStack
@@ -273,3 +274,24 @@ async def test_the_queue_pages_with_the_service_cursor_and_keeps_its_filters(
         if url is not None:
             assert "run=run-p" in url and "status=indeterminate" in url
     assert (pages, seen) == (2, made)
+
+
+async def test_the_contested_view_lists_every_contested_call_and_nothing_else(
+    browser: httpx.AsyncClient, tokens: MemoryTokens, stack: LedgerStack
+) -> None:
+    """A call an operator settled `failed` whose late completion proved an effect must be in
+    the contested view (the store's flag, not a filter of one page), and a plain failure not."""
+    calls = s.Calls(stack)
+    disputed = await calls.indeterminate("run-d")
+    service = OperatorService(stack.store, stack.commands, signing_keys=(s.SIGNING_KEY,))
+    who = Operator(tenant_id="acme", operator="alice")
+    await service.resolve(who, disputed.key, outcome="failed", reason="no credit found")
+    late = await stack.commands.append_and_await(s.Calls.completed_of(disputed), 10)
+    assert not late.accepted and late.call is not None and late.call.contested
+    plain = await calls.failed("run-f")
+    await _sign_in(browser, await s.token(tokens))
+    page = await browser.get("/console/queue?status=contested")
+    assert page.status_code == 200
+    assert re.findall(r'data-key="([^"]+)"', page.text) == [disputed.key]
+    everything = await browser.get("/console/queue?status=failed")
+    assert set(re.findall(r'data-key="([^"]+)"', everything.text)) == {disputed.key, plain.key}

@@ -28,7 +28,6 @@ from toolledger.api.console.web import (
     PREFIX,
     SIGN_IN_REASONS,
     Signed,
-    contested,
     render,
     sessions_of,
     set_session_cookie,
@@ -42,10 +41,9 @@ from toolledger.events.records import CallRecord, CallStatus
 STATUSES: tuple[CallStatus, ...] = get_args(CallStatus)
 #: What the queue shows by default: calls only an operator can move.
 UNSETTLED: frozenset[CallStatus] = frozenset({"indeterminate", "started", "awaiting_approval"})
-#: Filters beyond the plain statuses. `contested` is offered once records carry the flag.
-VIEWS = ("unsettled", "overdue", *STATUSES) + (
-    ("contested",) if "contested" in CallRecord.model_fields else ()
-)
+#: Filters beyond the plain statuses: contested calls are settled ones an operator must decide
+#: again (any status; the store filters on the flag, so pages stay full).
+VIEWS = ("unsettled", "overdue", "contested", *STATUSES)
 PAGE_SIZE = 25
 
 router = APIRouter(prefix=PREFIX, include_in_schema=False)
@@ -130,7 +128,7 @@ async def _page(request: Request, signed: Signed, filters: Filters, cursor: str 
     if view in ("unsettled", "overdue"):
         statuses = UNSETTLED if view == "unsettled" else frozenset({"started"})
     elif view == "contested":
-        statuses = frozenset({"failed"})
+        statuses = frozenset()
     else:
         statuses = frozenset(s for s in STATUSES if s == view)
     page: Page = await service.list_calls(
@@ -141,9 +139,8 @@ async def _page(request: Request, signed: Signed, filters: Filters, cursor: str 
         limit=PAGE_SIZE,
         cursor=cursor,
         overdue_only=view in ("unsettled", "overdue"),
+        contested=True if view == "contested" else None,
     )
-    if view == "contested":
-        page = Page(items=[c for c in page.items if contested(c)], next_cursor=page.next_cursor)
     return page
 
 
