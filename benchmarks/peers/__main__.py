@@ -36,6 +36,9 @@ from benchmarks.peers._systems import System, Toolledger
 from benchmarks.peers.report import Round, render
 from toolledger.devstack import Services
 
+#: Seconds over which each system's idle CPU is measured, once, before the rounds.
+IDLE_WINDOW = 3.0
+
 
 def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.peers", description=__doc__)
@@ -60,6 +63,17 @@ async def _round(system: System, n: int, args: argparse.Namespace) -> Round:
     return Round(percentile(times, 50), steps / elapsed, cpu)
 
 
+async def _idle(system: System) -> dict[str, float]:
+    """CPU seconds per second each part of `system` spends doing nothing (pollers, timers),
+    over `IDLE_WINDOW` seconds after the warm-up: at a low step rate this share of a phase's
+    CPU time is most of what a step seems to cost, so the report shows it beside."""
+    before = await snapshot(system.parts())
+    await asyncio.sleep(IDLE_WINDOW)
+    return {
+        part: s / IDLE_WINDOW for part, s in used(before, await snapshot(system.parts())).items()
+    }
+
+
 async def _compare(found: Services, args: argparse.Namespace) -> str:
     scratch = Scratch(found)
     admin = await asyncpg.connect(found.database_url)
@@ -81,6 +95,7 @@ async def _compare(found: Services, args: argparse.Namespace) -> str:
                     say(f"warming up {system.name}")
                     await system.serial(20, "warm")
                     await system.concurrent(args.runs, 2, "warm")
+                idle = {s.name: await _idle(s) for s in systems}
                 rounds: dict[str, list[Round]] = {s.name: [] for s in systems}
                 for n in range(args.rounds):
                     shift = n % len(systems)
@@ -104,7 +119,7 @@ async def _compare(found: Services, args: argparse.Namespace) -> str:
         f"runs x {args.calls} steps; load average {load:.1f} at the start, "
         f"{os.getloadavg()[0]:.1f} at the end; {time.monotonic() - started:.0f} s"
     )
-    return render(systems, rounds, checks, note, median)
+    return render(systems, rounds, idle, checks, note, median)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -41,6 +41,7 @@ def _cpu(rounds: Sequence[Round], median: Callable[[Sequence[float]], float]) ->
 def render(
     systems: Sequence[System],
     rounds: dict[str, list[Round]],
+    idle: dict[str, dict[str, float]],
     checks: Sequence[str],
     note: str,
     median: Callable[[Sequence[float]], float],
@@ -71,6 +72,10 @@ def render(
             f"{median([a.p50 / b.p50 for a, b in pairs]):.2f}x, CPU per step "
             f"{median([a.cpu_total / b.cpu_total for a, b in pairs]):.2f}x"
         )
+    out += ["", "idle CPU (nothing asked of it, before the rounds; counted in CPU per step):"]
+    for system in systems:
+        parts = ", ".join(f"{p} {v * 1000:.0f} ms/s" for p, v in idle[system.name].items())
+        out.append(f"  {system.name}: {parts}")
     out += ["", "durable per step:"]
     out += [f"  {s.name}: {s.durable}" for s in systems]
     out += ["", "checks:", *(f"  {c}" for c in checks), "", note]
