@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 TOOLLEDGER := $(BIN)/toolledger
 PYTEST_ARGS ?=
 
-.PHONY: help venv lint test pytest demo bench clean
+.PHONY: help venv lint test pytest demo bench bench-peers clean
 
 help:
 	@echo "make venv    create .venv and install toolledger with its test extras"
@@ -63,6 +63,21 @@ bench: venv
 	else \
 		echo "No benchmarks yet (benchmarks/__main__.py is missing)."; \
 	fi
+
+# Restate and DBOS beside toolledger (benchmarks/peers). The peers get a virtualenv of their own
+# under .toolledger/peers, so their pins never touch toolledger's; the Restate server comes from npm.
+PEERS := .toolledger/peers
+RESTATE_SERVER := 1.7.12
+
+bench-peers: venv $(PEERS)/.installed
+	$(BIN)/python -m benchmarks.peers
+
+$(PEERS)/.installed: benchmarks/peers/requirements.txt
+	mkdir -p $(PEERS)
+	$(PYTHON) -m venv $(PEERS)/venv
+	$(PEERS)/venv/bin/python -m pip install -r benchmarks/peers/requirements.txt
+	npm install --prefix $(PEERS) --no-audit --no-fund @restatedev/restate-server-linux-x64@$(RESTATE_SERVER)
+	touch $@
 
 clean:
 	@if [ -x $(TOOLLEDGER) ]; then $(TOOLLEDGER) dev down || true; fi

@@ -18,9 +18,12 @@ import os
 import resource
 import shutil
 import tempfile
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+
+import asyncpg
 
 from benchmarks._support import Scratch, start_process, stop_process
 from toolledger import Ledger, ToolContext, Toolset, external
@@ -30,6 +33,8 @@ from toolledger.stack import LedgerStack
 PARTITIONS = 4
 #: The first verdict waits for the projector process to start and take its partitions.
 STARTUP_TIMEOUT = 60.0
+#: How long the projector may take to fold the last outcomes after the last call returned.
+SETTLE_TIMEOUT = 60.0
 
 bench = Toolset("bench")
 #: How often the no-op tool ran, so a benchmark can check every call ran it exactly once.
@@ -52,6 +57,7 @@ class RunningLedger:
     schema: str
     partitions: int
     projector_pid: int
+    database_url: str
 
     def cpu_seconds(self) -> tuple[float, float | None]:
         """CPU time (user + system) used so far by this process (the runtime) and by the
@@ -96,10 +102,47 @@ async def running_ledger(
         await ledger.call(
             noop, run_id="warmup", tool_call_id="c0", tenant_id="bench", arguments={"n": 0}
         )
-        yield RunningLedger(ledger, stack, schema, partitions, projector.pid)
+        yield RunningLedger(
+            ledger, stack, schema, partitions, projector.pid, scratch.services.database_url
+        )
         await ledger.wait_background(10)
     finally:
         if projector is not None:
             await stop_process(projector)
         await stack.close()
         shutil.rmtree(home, ignore_errors=True)
+
+
+async def check_books(running: RunningLedger, prefix: str, expected: int) -> None:
+    """The ledger's books for the calls whose keys start with `prefix`: exactly `expected` keys,
+    each `completed` with two history entries (its reservation and its completion), once the
+    projector caught up. Outcomes return on Kafka's acknowledgement, so the last ones may still
+    be on their way to the projector when the last call returns."""
+    conn = await asyncpg.connect(
+        running.database_url,
+        server_settings={"search_path": f'"{running.schema}"'},
+    )
+    try:
+        pattern = f"{prefix}%"
+        give_up = time.monotonic() + SETTLE_TIMEOUT
+        while True:
+            row = await conn.fetchrow(
+                "SELECT count(*) FILTER (WHERE status = 'completed') AS done, count(*) AS keys "
+                "FROM tool_executions WHERE key LIKE $1",
+                pattern,
+            )
+            assert row is not None
+            if row["done"] >= expected or time.monotonic() > give_up:
+                break
+            await asyncio.sleep(0.1)
+        history = await conn.fetchval(
+            "SELECT count(*) FROM tool_execution_history WHERE key LIKE $1", pattern
+        )
+    finally:
+        await conn.close()
+    if (row["done"], row["keys"], history) != (expected, expected, 2 * expected):
+        raise RuntimeError(
+            f"the ledger's books do not match the calls made: {row['done']} of {expected} "
+            f"{prefix}* calls completed, {row['keys']} keys, {history} history entries "
+            f"(expected {2 * expected})"
+        )

@@ -12,7 +12,7 @@ itself costs); and two processes with half the partitions each, facts off
 (`benchmarks._projector_proc`, which takes the partitions it is given). Each run stops
 when the backlog is applied or `budget` seconds after its first commit, whichever comes first,
 so a slow variant cannot make `make bench` take forever; the rate says over how many events it
-was measured.
+was measured. Each run then checks the rows behind the offsets (`_check_rows`).
 """
 
 from __future__ import annotations
@@ -33,6 +33,16 @@ from toolledger.events.kafka import KafkaLog
 POLL = 0.01
 STARTUP_TIMEOUT = 60.0
 _OFFSETS = "SELECT partition, next_offset FROM projection_offsets"
+_ROWS = (
+    "SELECT (SELECT coalesce(sum(next_offset - 1), 0) FROM projection_offsets) AS applied, "
+    "(SELECT coalesce(array_agg(ARRAY[partition, next_offset]), '{}') FROM projection_offsets) "
+    "AS offsets, "
+    "(SELECT count(*) FROM tool_execution_history) AS history, "
+    "(SELECT count(*) FROM verdicts) AS verdicts, "
+    "(SELECT count(*) FROM verdicts WHERE NOT accepted) AS rejected, "
+    "(SELECT count(*) FROM tool_executions) AS keys, "
+    "(SELECT count(*) FROM tool_executions WHERE status = 'completed') AS completed"
+)
 
 
 async def raw_consume(scratch: Scratch, backlog: Backlog, max_records: int = 10_000) -> float:
@@ -101,12 +111,54 @@ async def projector_catch_up(
         try:
             for argv in variant.commands(backlog.partitions):
                 procs.append(await start_process(argv, env, log_path))
-            return await _watch(scratch, schema, backlog, procs, log_path, budget)
+            rate, applied = await _watch(scratch, schema, backlog, procs, log_path, budget)
+            for proc in procs:
+                await stop_process(proc)
+            await _check_rows(scratch, schema, backlog)
+            return rate, applied
         finally:
             for proc in procs:
                 await stop_process(proc)
             await scratch.drop_schema(schema)
             await scratch.delete_topics(f"{topics}toolledger.ledger")
+
+
+async def _check_rows(scratch: Scratch, schema: str, backlog: Backlog) -> None:
+    """The committed offsets are backed by rows (read in one snapshot, the projectors
+    stopped): one history entry and one accepted verdict per applied event, and, when the
+    whole backlog was applied, one `completed` record per call. Offsets alone would let a
+    projector that skipped its writes look fast."""
+    conn = await asyncpg.connect(
+        scratch.services.database_url, server_settings={"search_path": f'"{schema}"'}
+    )
+    try:
+        row = await conn.fetchrow(_ROWS)
+    finally:
+        await conn.close()
+    assert row is not None
+    applied, history, verdicts, rejected = (
+        row["applied"],
+        row["history"],
+        row["verdicts"],
+        row["rejected"],
+    )
+    if not (history == verdicts == applied and rejected == 0):
+        raise RuntimeError(
+            f"{applied} events applied by the offsets, but {history} history entries and "
+            f"{verdicts} verdicts ({rejected} rejected)"
+        )
+    complete = all(
+        row_offset >= backlog.targets[p] for p, row_offset in _offsets(row["offsets"]).items()
+    )
+    if complete and (row["keys"], row["completed"]) != (backlog.events // 2,) * 2:
+        raise RuntimeError(
+            f"the whole backlog was applied, but {row['completed']} of {row['keys']} records "
+            f"are completed ({backlog.events // 2} calls expected)"
+        )
+
+
+def _offsets(pairs: Sequence[Sequence[int]]) -> dict[int, int]:
+    return {int(p): int(o) for p, o in pairs}
 
 
 async def _watch(

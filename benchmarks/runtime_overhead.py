@@ -10,6 +10,9 @@ round trips, `LedgerCommands.append_and_await` of a reservation of a new key twi
 the same stack and the same projector process. Floor pairs and calls alternate, each followed by
 a random pause of up to the projector's fetch wait, so neither falls into step with its fetch
 cycle, and the two see the same machine at the same moments.
+
+At the end it checks its work: the tool ran once per call, every floor reservation was
+accepted, and every call's key is `completed` with its reservation and completion in history.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from benchmarks._runtime import RunningLedger, noop, running_ledger
+from benchmarks._runtime import RUNS, RunningLedger, check_books, noop, running_ledger
 from benchmarks._support import Row, Scratch, median, percentile, say
 from toolledger.events.models import CallReserved, call_key
 from toolledger.runtime.executor import CallIdentity
@@ -83,6 +86,7 @@ async def _pause() -> None:
 async def measure(scratch: Scratch, *, samples: int, repeat: int) -> list[Row]:
     async with running_ledger(scratch, "overhead") as running:
         counter = iter(range(10**9))
+        ran = RUNS["noop"]
         for _ in range(WARMUP):
             await _call(running, next(counter))
             await _round_trip(running, next(counter))
@@ -102,6 +106,10 @@ async def measure(scratch: Scratch, *, samples: int, repeat: int) -> list[Row]:
                 f"  overhead {rep + 1}/{repeat}: call p50 {percentile(s.call, 50) * 1000:.2f} ms, "
                 f"two round trips p50 {percentile(s.floor, 50) * 1000:.2f} ms"
             )
+        calls = WARMUP + samples * repeat
+        if RUNS["noop"] - ran != calls:
+            raise RuntimeError(f"the tool ran {RUNS['noop'] - ran} times for {calls} calls")
+        await check_books(running, "call", calls)
     return _rows(per_rep, samples, running.partitions)
 
 

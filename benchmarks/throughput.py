@@ -30,13 +30,12 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from benchmarks._runtime import PARTITIONS, RUNS, RunningLedger, noop, running_ledger
+from benchmarks._runtime import PARTITIONS, RUNS, RunningLedger, check_books, noop, running_ledger
 from benchmarks._support import Row, Scratch, median, percentile, say
 
 #: The floor's pool: one connection per task, up to this many (the server allows 100 in all,
 #: and the tests of other sessions need some).
 FLOOR_POOL = 32
-SETTLE_TIMEOUT = 60.0
 GOAL = ">= 3,000 calls/s"
 _TABLE = (
     "CREATE TABLE floor_calls (key text PRIMARY KEY, status text NOT NULL, "
@@ -50,11 +49,6 @@ _RECORD = (
     "UPDATE floor_calls SET status = 'completed', result_json = $2, updated_at = now() "
     "WHERE key = $1"
 )
-_FOLDED = (
-    "SELECT count(*) FILTER (WHERE status = 'completed'), count(*) FROM tool_executions "
-    "WHERE key LIKE 'tp%'"
-)
-_HISTORY = "SELECT count(*) FROM tool_execution_history WHERE key LIKE 'tp%'"
 
 
 async def _floor_round(
@@ -111,23 +105,6 @@ async def _ledger_round(running: RunningLedger, runs: int, calls: int, label: st
         if projector_cpu is None or cpu_before[1] is None
         else (projector_cpu - cpu_before[1]) / n,
     )
-
-
-async def _check_books(conn: asyncpg.Connection[asyncpg.Record], expected: int) -> None:
-    """Every measured call is completed, with its reservation and completion in history."""
-    give_up = time.monotonic() + SETTLE_TIMEOUT
-    while True:
-        completed, total = await conn.fetchrow(_FOLDED) or (0, 0)
-        if completed == expected:
-            break
-        if time.monotonic() > give_up:
-            raise RuntimeError(
-                f"{completed} of {expected} calls completed ({total} keys) "
-                f"{SETTLE_TIMEOUT:g}s after the last round"
-            )
-        await asyncio.sleep(0.1)
-    if total != expected or await conn.fetchval(_HISTORY) != 2 * expected:
-        raise RuntimeError("the ledger's books do not match the calls made")
 
 
 async def measure(scratch: Scratch, *, runs: int, calls: int, repeat: int) -> list[Row]:
@@ -200,26 +177,19 @@ async def _variant(
     floors: list[float] = []
     rounds: list[_Round] = []
     async with running_ledger(scratch, label, facts=facts) as running:
-        conn = await asyncpg.connect(
-            scratch.services.database_url,
-            server_settings={"search_path": f'"{running.schema}"'},
-        )
-        try:
-            await _floor_round(pool, runs, max(calls // 4, 1), f"{label}-warmup")
-            await _ledger_round(running, runs, max(calls // 4, 1), "warmup")
-            ran = RUNS["noop"]
-            for rep in range(repeat):
-                floors.append(await _floor_round(pool, runs, calls, f"{label}-{rep}"))
-                rounds.append(await _ledger_round(running, runs, calls, f"tp{rep}"))
-                say(
-                    f"  {label} {rep + 1}/{repeat}: ledger {rounds[-1].rate:,.0f} calls/s, "
-                    f"direct SQL {floors[-1]:,.0f} keys/s"
-                )
-            if RUNS["noop"] - ran != runs * calls * repeat:
-                raise RuntimeError("the tool did not run exactly once per call")
-            await _check_books(conn, runs * calls * repeat)
-        finally:
-            await conn.close()
+        await _floor_round(pool, runs, max(calls // 4, 1), f"{label}-warmup")
+        await _ledger_round(running, runs, max(calls // 4, 1), "warmup")
+        ran = RUNS["noop"]
+        for rep in range(repeat):
+            floors.append(await _floor_round(pool, runs, calls, f"{label}-{rep}"))
+            rounds.append(await _ledger_round(running, runs, calls, f"tp{rep}"))
+            say(
+                f"  {label} {rep + 1}/{repeat}: ledger {rounds[-1].rate:,.0f} calls/s, "
+                f"direct SQL {floors[-1]:,.0f} keys/s"
+            )
+        if RUNS["noop"] - ran != runs * calls * repeat:
+            raise RuntimeError("the tool did not run exactly once per call")
+        await check_books(running, "tp", runs * calls * repeat)
     cpu = f"runtime {median([r.runtime_cpu for r in rounds]) * 1e6:.0f} us"
     projector = [r.projector_cpu for r in rounds if r.projector_cpu is not None]
     if projector:

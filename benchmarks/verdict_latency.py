@@ -17,7 +17,8 @@ part measured in the same run, interleaved with the measurement:
 - commit: one PostgreSQL round trip of a tiny INSERT in autocommit (its COMMIT flushes the WAL).
 
 Samples are paced by a random pause of up to the fetch wait, so neither the floor nor the
-measurement falls into step with the reader's fetch cycle.
+measurement falls into step with the reader's fetch cycle. Every reservation is of a new key and
+must be accepted; a rejected one stops the benchmark.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from toolledger.events.codec import encode
 from toolledger.events.kafka import KafkaLog
 from toolledger.events.log import LogReader
 from toolledger.events.models import CallReserved, args_digest, call_key
+from toolledger.events.records import Verdict
 from toolledger.stack import LedgerStack
 
 PARTITIONS = 2
@@ -149,9 +151,9 @@ async def _measure(
         await reader.assign(dict.fromkeys(range(PARTITIONS), 1))
         follower = asyncio.create_task(receipts.follow(reader, fetch_wait))
         await conn.execute("CREATE TABLE bench_commit (n bigint)")
-        await stack.commands.append_and_await(reservation(next(counter)), STARTUP_TIMEOUT)
+        await _reserve(stack, reservation(next(counter)), STARTUP_TIMEOUT)
         for _ in range(WARMUP):
-            await stack.commands.append_and_await(reservation(next(counter)), 10)
+            await _reserve(stack, reservation(next(counter)), 10)
         per_rep: list[_Samples] = []
         for rep in range(repeat):
             s = _Samples()
@@ -160,8 +162,9 @@ async def _measure(
                 await _pause(fetch_wait)
                 event = reservation(next(counter))
                 started = time.perf_counter()
-                await stack.commands.append_and_await(event, 10)
+                verdict = await stack.commands.append_and_await(event, 10)
                 s.verdict.append(time.perf_counter() - started)
+                _accepted(event, verdict)
                 await _pause(fetch_wait)
             per_rep.append(s)
             p50 = percentile(s.verdict, 50) * 1000
@@ -179,6 +182,17 @@ async def _measure(
         await stack.close()
         shutil.rmtree(home, ignore_errors=True)
     return _rows(placement, per_rep, samples, fetch_wait)
+
+
+def _accepted(event: CallReserved, verdict: Verdict) -> None:
+    """Every reservation is of a new key, so each must be accepted: a rejection is a fast
+    verdict that measured the wrong thing."""
+    if not verdict.accepted:
+        raise RuntimeError(f"the reservation of {event.key} was rejected: {verdict.detail}")
+
+
+async def _reserve(stack: LedgerStack, event: CallReserved, timeout: float) -> None:
+    _accepted(event, await stack.commands.append_and_await(event, timeout))
 
 
 async def _floor_sample(

@@ -33,7 +33,9 @@ async def test_the_ci_drill_keeps_every_guarantee_through_a_hundred_kills(
 ) -> None:
     """A run's effects must survive its processes being killed anywhere: a lost effect, a
     second effect, a completed call run again, an unknown call hidden from operators, or a
-    ledger that a re-fold of the log does not reproduce is a violation."""
+    ledger that a re-fold of the log does not reproduce is a violation. Every trouble the
+    summary lists must have happened at least once (a drill that passed with "0 of 0" zombies
+    proved nothing about zombies), and a trouble that failed is a drill error."""
     home = tmp_path / "drill"
     config = DrillConfig(
         runs=50,
@@ -49,5 +51,16 @@ async def test_the_ci_drill_keeps_every_guarantee_through_a_hundred_kills(
     summary = plain_summary(report)
     print(summary)
     assert report.ok, f"drill with seed {SEED} violated its checks (logs in {home}):\n{summary}"
+    chaos = report.chaos
+    caused = {
+        "projector kills inside a batch": chaos.projector_kills["inside a batch"],
+        "projector kills between batches": chaos.projector_kills["between batches"],
+        "zombie projectors": chaos.zombies,
+        "reconciler kills": chaos.reconciler_kills,
+        "LISTEN sessions killed": chaos.listen_kills,
+        "poison records": len(chaos.poison),
+    }
+    never = [what for what, n in caused.items() if n < 1]
+    assert not never, f"the drill claims troubles it never caused: {never}\n{summary}"
     assert sum(report.dispatch.kills.values()) >= 100, summary
     assert report.duration < BUDGET_S, f"took {report.duration:.0f}s:\n{summary}"

@@ -21,6 +21,7 @@ from toolledger.drill.checks import Check, Evidence, Refold, judge
 from toolledger.drill.killpoints import KillPlan
 from toolledger.drill.model import TENANT, next_turn, tool_for
 from toolledger.drill.operator import ListingChecks
+from toolledger.drill.reset import ResetEvidence, judge_reset
 from toolledger.events.fold import HistoryEntry
 from toolledger.events.records import CallRecord, RunRecord
 from toolledger.projections.store import LedgerSnapshot
@@ -242,6 +243,95 @@ def test_an_unfinished_run_and_too_few_kills_are_violations() -> None:
     evidence.snapshot.runs["r1"] = RunRecord(run_id="r1", tenant_id=TENANT, version=5)
     evidence.kills = 0
     assert {"every run finished", "runtime kills as requested"} <= _failed(evidence)
+
+
+def _poisoned(evidence: Evidence, *, dead_letters: int = 1, quarantined: bool = True) -> Evidence:
+    """`evidence` with one poisoned record appended under run `poison-0`."""
+    runs = dict(evidence.snapshot.runs)
+    runs["poison-0"] = RunRecord(run_id="poison-0", tenant_id=None, quarantined=quarantined)
+    evidence.snapshot = replace(evidence.snapshot, runs=runs, dead_letters=dead_letters)
+    evidence.poison = ["poison-0"]
+    return evidence
+
+
+def test_poison_that_is_not_dead_lettered_or_quarantined_or_that_hits_a_drill_run_is_caught() -> (
+    None
+):
+    """Undecodable bytes must land in the dead letters and quarantine their own run only: a
+    poisoned record folded as nothing, a poisoned run left open, or a drill run quarantined by
+    someone else's poison are each a violation."""
+    assert _failed(_poisoned(_healthy())) == set()
+    assert _failed(_poisoned(_healthy(), dead_letters=0)) == {"poison events dead-lettered"}
+    assert _failed(_poisoned(_healthy(), quarantined=False)) == {"poison events dead-lettered"}
+    evidence = _poisoned(_healthy())
+    evidence.snapshot.runs["r1"] = evidence.snapshot.runs["r1"].model_copy(
+        update={"quarantined": True}
+    )
+    assert _failed(evidence) == {"poison events dead-lettered"}
+
+
+def test_an_error_in_a_runtime_or_a_chaos_action_is_a_violation() -> None:
+    """A worker that crashed on an exception, or a trouble the drill meant to cause and could
+    not, means the drill did not test what it says it did."""
+    evidence = _healthy()
+    evidence.errors = ["chaos action kill_listen: OSError('connection refused')"]
+    assert _failed(evidence) == {"no unexpected runtime errors"}
+
+
+def test_a_projector_stopped_by_the_identity_check_on_an_intact_log_is_a_violation() -> None:
+    """The log-identity stop is for a broker that lost its data; on an intact log it is a
+    false alarm that would halt production."""
+    evidence = _healthy()
+    evidence.identity_stops = ["projector-3: toolledger projector: stopped: epoch marker gone"]
+    assert _failed(evidence) == {
+        "no projector stopped with the log-identity error on an intact log"
+    }
+
+
+def test_a_zombie_projector_that_did_not_stand_down_is_a_violation() -> None:
+    """A resumed zombie that never noticed it lost its partitions may write as a second owner."""
+    evidence = _healthy()
+    evidence.zombies, evidence.zombies_stood_down = 2, 2
+    assert _failed(evidence) == set()
+    evidence.zombies_stood_down = 1
+    assert _failed(evidence) == {"zombie projectors stood down"}
+
+
+def test_a_runtime_worker_killed_at_no_known_point_is_a_violation() -> None:
+    """Every SIGKILL of a worker is the drill's own (a kill point or the external killer); one
+    nobody sent means something else killed it, and the kill count would lie."""
+    evidence = _healthy()
+    evidence.unattributed_kills = 1
+    assert _failed(evidence) == {"runtime kills as requested"}
+
+
+def _reset(**changes: object) -> set[str]:
+    healthy = ResetEvidence(
+        stopped=[True, True],
+        projector_codes=[3, 3],
+        late_code=3,
+        probe={"run": "probe-after-reset", "status": "unavailable", "detail": "no verdict"},
+        requests_before=7,
+        requests_after=7,
+        digest_before="abc",
+        digest_after="abc",
+    )
+    return {c.name for c in judge_reset(replace(healthy, **changes)) if not c.ok}  # type: ignore[arg-type]
+
+
+def test_each_broker_reset_check_fails_when_what_must_follow_a_reset_does_not() -> None:
+    """After the broker lost its data, projectors must stop with the identity error, a new run
+    must fail closed without reaching billing, and PostgreSQL must be untouched."""
+    stops = "broker reset stops the projectors"
+    closed = "runtimes fail closed after a broker reset"
+    assert _reset() == set()
+    assert _reset(stopped=[True, False], projector_codes=[3, None]) == {stops}
+    assert _reset(late_code=None) == {stops}
+    assert _reset(stopped=[]) == {stops}
+    assert _reset(probe={"run": "probe-after-reset", "status": "completed"}) == {closed}
+    assert _reset(probe=None) == {closed}
+    assert _reset(requests_after=8) == {closed}
+    assert _reset(digest_after="abd") == {"nothing in PostgreSQL lost in a broker reset"}
 
 
 def test_the_drill_command_refuses_more_kills_than_its_work_can_absorb() -> None:

@@ -161,6 +161,27 @@ def _accepted_completions(history: Sequence[HistoryEntry]) -> list[HistoryEntry]
     return [h for h in history if h.event_type == "call_completed" and h.accepted]
 
 
+#: Why a reconcile finding that raced another is rejected: the call was settled first, or the
+#: other finding moved its version.
+_RACE_LOST = ("late_outcome", "version_mismatch")
+
+
+def _lost_the_race(history: Sequence[HistoryEntry]) -> int:
+    """Reconcile findings in `history` (log order) that expected a version the record had
+    already left, or came after it was settled: the ones the decider must reject."""
+    lost = 0
+    version: int | None = None
+    settled = False
+    for entry in history:
+        if _source(entry) == "reconcile":
+            expected = json.loads(entry.event_json)["expected_version"]
+            lost += settled or expected != version
+        if entry.accepted:
+            settled = settled or entry.event_type in ("call_completed", "call_failed")
+        version = entry.version
+    return lost
+
+
 @pytest.fixture
 async def scene(
     pg_dsn: str, kafka_bootstrap: str, pg_schema: str, topic_prefix: str, tmp_path: Path
@@ -460,19 +481,24 @@ async def test_two_reconcilers_never_settle_one_key_twice(scene: Scene) -> None:
 
     async def all_findings_decided() -> bool:
         found = [await scene.findings(k) for k in everything]
-        return sum(len(f) for f in found) >= 2 * len(everything)
+        return all(len(f) >= 2 for f in found)
 
     await until(all_findings_decided, timeout=SETTLE_TIMEOUT, what="both findings per key")
-    rejected = 0
+    rejected = lost = 0
     for key in everything:
         history = await scene.stack.store.history(key)
         assert len(_accepted_completions(history)) == 1, history
         # Both groups answered (waited for above). Whether a key's two findings met at one
         # version (one rejected) or in turn (under load a held hook times out and answers
         # "unknown", the other then sees the version moved) depends on timing; the claim is
-        # one settlement either way, checked just above.
-        rejected += sum(1 for h in await scene.findings(key) if not h.accepted)
+        # one settlement either way, checked just above, and that every finding that lost the
+        # compare-and-set, and only those, was rejected, for losing it.
+        findings = await scene.findings(key)
+        rejected += sum(1 for h in findings if not h.accepted)
+        lost += _lost_the_race(history)
+        assert all(h.reason in _RACE_LOST for h in findings if not h.accepted), findings
     print(f"findings that lost the compare-and-set: {rejected}")
+    assert rejected == lost, f"{rejected} findings rejected, {lost} lost the compare-and-set"
     partitions = {
         p.name: re.findall(r"owns facts partitions (\[[\d, ]*\])", p.output()) for p in (one, two)
     }

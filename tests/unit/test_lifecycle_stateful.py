@@ -14,6 +14,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from tests import builders as b
 from toolledger.events.fold import LedgerFold, Positioned
+from toolledger.events.lifecycle import decide
 from toolledger.events.models import (
     CallAbandoned,
     CallCompleted,
@@ -246,8 +247,22 @@ class LedgerMachine(RuleBasedStateMachine):
 
     @invariant()
     def at_most_one_live_reservation_per_key(self) -> None:
-        for call in self.fold.calls.values():
+        """Of all the reservations ever made of a key, the decider would accept the runtime's
+        outcome of at most one, and that one is the reservation the record names: a stale
+        reservation whose outcome could still land would be a second driver of the call."""
+        for key, call in self.fold.calls.items():
             assert call.key == f"{call.run_id}:{call.tool_call_id}"
+            run = self.fold.runs.get(call.run_id)
+            live = {
+                r.reservation_id
+                for r in self.reservations
+                if r.key == key
+                and decide(run, call, b.completed(r, t=self.t), keys=b.KEYS).accepted
+            }
+            assert len(live) <= 1, f"{key}: {len(live)} reservations could still complete it"
+            assert live <= {call.reservation_id}, f"{key}: a stale reservation is live"
+            if call.status == "started":
+                assert live == {call.reservation_id}, f"{key} is started but nobody can finish it"
 
     def teardown(self) -> None:
         """Folding the same log again gives the same ledger: the decider is deterministic."""

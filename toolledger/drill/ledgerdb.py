@@ -19,6 +19,7 @@ from typing import Any
 
 import asyncpg
 
+from toolledger.projections.batch_sql import LOAD
 from toolledger.projections.dberrors import DATABASE_ERRORS
 from toolledger.projections.migrations import quote_ident
 from toolledger.projections.ownership import lock_class
@@ -109,15 +110,23 @@ class LedgerDB:
                 owners[int(r["partition"])] = int(name.removeprefix("toolledger-locks-"))
         return owners
 
-    async def in_batch(self, ports: set[int]) -> bool:
-        """Whether a session on one of `ports` is inside a batch transaction past its offset
-        compare-and-set (it holds a row lock on projection_offsets)."""
+    async def in_batch(self, pid: int) -> bool:
+        """Whether projector `pid` is inside a batch right now.
+
+        Inside means: its store session holds the offset row (a large batch's transaction, or
+        a small batch's one statement while it runs), or that session's last statement is a
+        small batch's load, so the projector is folding and has not sent the write yet (the
+        session is held from the load to the write). Asked of a frozen projector, the answer
+        stays true until it is thawed (except a small batch's statement, which finishes).
+        """
         rows = await self.fetch(
-            "SELECT 1 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
-            "WHERE l.relation = 'projection_offsets'::regclass AND l.mode = 'RowExclusiveLock' "
-            "AND l.granted AND a.client_port = ANY($1::int[]) LIMIT 1",
-            sorted(ports),
-            patience=5,
+            "SELECT 1 FROM pg_stat_activity a WHERE a.application_name = $1 AND ("
+            "EXISTS (SELECT 1 FROM pg_locks l WHERE l.pid = a.pid AND l.granted "
+            "AND l.relation = 'projection_offsets'::regclass AND l.mode = 'RowExclusiveLock') "
+            "OR (a.state = 'idle' AND left(a.query, 200) = left($2, 200))) LIMIT 1",
+            f"toolledger-store-{pid}",
+            LOAD,
+            patience=30,
         )
         return bool(rows)
 

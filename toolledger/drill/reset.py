@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from toolledger.drill.billing import DrillBilling
 from toolledger.drill.chaos import Chaos
@@ -73,38 +73,70 @@ async def broker_reset(
             break
         await asyncio.sleep(0.1)
     results = [line for line in read_lines(worker.results) if line.get("run") == probe]
-    failed_closed = (
-        bool(results)
-        and results[0].get("status") == "unavailable"
-        and sum(sum(c.values()) for c in billing.requests().values()) == requests_before
-    )
     late = chaos.start_projector()
     for _ in range(600):
         if not late.alive():
             break
         await asyncio.sleep(0.1)
-    after = await stack.store.digest()
+    return judge_reset(
+        ResetEvidence(
+            stopped=stopped,
+            projector_codes=[p.returncode for p in projectors],
+            late_code=late.returncode,
+            probe=results[0] if results else None,
+            requests_before=requests_before,
+            requests_after=sum(sum(c.values()) for c in billing.requests().values()),
+            digest_before=before,
+            digest_after=await stack.store.digest(),
+        )
+    )
+
+
+@dataclass(frozen=True)
+class ResetEvidence:
+    """What the reset left behind, for `judge_reset`."""
+
+    #: Per running projector: it exited 3 with the log-identity error in its output.
+    stopped: list[bool]
+    projector_codes: list[int | None]
+    #: The exit status of a projector started after the reset (None: still running).
+    late_code: int | None
+    #: The probe run's result line, if its worker wrote one.
+    probe: dict[str, object] | None
+    requests_before: int
+    requests_after: int
+    digest_before: str
+    digest_after: str
+
+
+def judge_reset(ev: ResetEvidence) -> list[Check]:
+    """The reset's three checks (module docstring), from what it left behind."""
+    failed_closed = (
+        ev.probe is not None
+        and ev.probe.get("status") == "unavailable"
+        and ev.requests_after == ev.requests_before
+    )
+    ended = (
+        f"{ev.probe.get('status')} ({str(ev.probe.get('detail'))[:90]})"
+        if ev.probe is not None
+        else "without a result"
+    )
     return [
         Check(
             "broker reset stops the projectors",
-            all(stopped) and late.returncode == ExitStatus.LOG_MISMATCH,
-            f"running projectors exited with {[p.returncode for p in projectors]}, one "
-            f"started after the reset with {late.returncode} (4: the log-identity error)",
+            bool(ev.stopped) and all(ev.stopped) and ev.late_code == ExitStatus.LOG_MISMATCH,
+            f"running projectors exited with {ev.projector_codes}, one started after the reset "
+            f"with {ev.late_code} (4: the log-identity error)",
         ),
         Check(
             "runtimes fail closed after a broker reset",
             failed_closed,
-            "a run started after the reset ended "
-            + (
-                f"{results[0].get('status')} ({str(results[0].get('detail'))[:90]})"
-                if results
-                else "without a result"
-            )
-            + "; no request reached billing",
+            f"a run started after the reset ended {ended}; "
+            f"{ev.requests_after - ev.requests_before} requests reached billing after it",
         ),
         Check(
             "nothing in PostgreSQL lost in a broker reset",
-            after == before,
-            f"ledger digest {before[:16]} before, {after[:16]} after",
+            ev.digest_after == ev.digest_before,
+            f"ledger digest {ev.digest_before[:16]} before, {ev.digest_after[:16]} after",
         ),
     ]

@@ -36,8 +36,8 @@ def drill_table(report: DrillReport) -> Table:
     for point in (*KILL_POINTS, EXTERNAL, "unattributed"):
         if point != "unattributed" or d.kills[point]:
             table.add_row(f"  {point}", str(d.kills[point]))
-    for where, n in sorted(ch.projector_kills.items()):
-        table.add_row(f"projector kills, {where}", str(n))
+    for where in ("between batches", "inside a batch"):
+        table.add_row(f"projector kills, {where}", str(ch.projector_kills[where]))
     table.add_row("zombie projectors (frozen, sessions ended, resumed)", str(ch.zombies))
     table.add_row("reconciler kills", str(ch.reconciler_kills))
     table.add_row("LISTEN sessions killed", str(ch.listen_kills))

@@ -1,0 +1,82 @@
+"""The peers benchmark's results: one table of the three systems, the ratios, and the checks.
+
+Figures are medians over the rounds. A ratio is the median of the per-round ratios (each round
+runs all three systems back to back, so a round's ratio compares them under one load): for
+throughput it is toolledger's rate over the peer's (above 1: toolledger is ahead); for the serial
+p50 and for CPU it is toolledger's over the peer's (above 1: toolledger is slower or costlier).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from benchmarks.peers._systems import System
+
+
+@dataclass(frozen=True)
+class Round:
+    """One system's figures in one round."""
+
+    #: Seconds, the median of the round's serial steps.
+    p50: float
+    #: Steps per second of the concurrent phase.
+    rate: float
+    #: CPU seconds per step of the concurrent phase, by part of the system.
+    cpu: dict[str, float]
+
+    @property
+    def cpu_total(self) -> float:
+        return sum(self.cpu.values())
+
+
+def _cpu(rounds: Sequence[Round], median: Callable[[Sequence[float]], float]) -> str:
+    parts = list(rounds[0].cpu)
+    by_part = {p: median([r.cpu.get(p, 0.0) for r in rounds]) * 1e6 for p in parts}
+    total = median([r.cpu_total for r in rounds]) * 1e6
+    detail = " + ".join(f"{p} {v:,.0f}" for p, v in by_part.items() if v > 0)
+    return f"{total:,.0f} µs ({detail})"
+
+
+def render(
+    systems: Sequence[System],
+    rounds: dict[str, list[Round]],
+    idle: dict[str, dict[str, float]],
+    checks: Sequence[str],
+    note: str,
+    median: Callable[[Sequence[float]], float],
+) -> str:
+    header = ("system", "serial p50 per step", "concurrent throughput", "CPU per step")
+    lines = [header]
+    for system in systems:
+        rs = rounds[system.name]
+        lines.append(
+            (
+                system.name,
+                f"{median([r.p50 for r in rs]) * 1000:.2f} ms",
+                f"{median([r.rate for r in rs]):,.0f} steps/s",
+                _cpu(rs, median),
+            )
+        )
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    out = [" | ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)) for line in lines]
+    out.insert(1, "-+-".join("-" * w for w in widths))
+    ours = rounds[systems[0].name]
+    out.append("")
+    for peer in systems[1:]:
+        theirs = rounds[peer.name]
+        pairs = list(zip(ours, theirs, strict=True))
+        out.append(
+            f"toolledger vs {peer.name}: throughput "
+            f"{median([a.rate / b.rate for a, b in pairs]):.2f}x, serial p50 "
+            f"{median([a.p50 / b.p50 for a, b in pairs]):.2f}x, CPU per step "
+            f"{median([a.cpu_total / b.cpu_total for a, b in pairs]):.2f}x"
+        )
+    out += ["", "idle CPU (nothing asked of it, before the rounds; counted in CPU per step):"]
+    for system in systems:
+        parts = ", ".join(f"{p} {v * 1000:.0f} ms/s" for p, v in idle[system.name].items())
+        out.append(f"  {system.name}: {parts}")
+    out += ["", "durable per step:"]
+    out += [f"  {s.name}: {s.durable}" for s in systems]
+    out += ["", "checks:", *(f"  {c}" for c in checks), "", note]
+    return "\n".join(out)
