@@ -142,5 +142,6 @@ def test_a_lost_log_reads_stopped_and_exits_4_as_the_drill_expects() -> None:
     """The broker-reset drill recognises a projector's log-identity stop by status 4 and a
     `stopped: ` line; the shared entry code must keep both."""
     lost = LogIdentityError("partition 0 of toolledger.events has no epoch marker")
-    assert exit_status(lost) == ExitStatus.LOG_MISMATCH == 4
+    assert exit_status(lost) == ExitStatus.LOG_MISMATCH
+    assert int(ExitStatus.LOG_MISMATCH) == 4
     assert message(lost) == f"stopped: {lost}"
