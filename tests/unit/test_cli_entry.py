@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from toolledger.api.errors import Conflict, InvalidRequest, NotFound, Unavailable
 from toolledger.cli import main
-from toolledger.cli.entry import ExitStatus, configure_logging, exit_status
+from toolledger.cli.entry import ExitStatus, configure_logging, exit_status, message
 from toolledger.devstack import DevStackError
 from toolledger.events.log import LogError, LogIdentityError, TopicMissing
 from toolledger.projections.verdicts import LedgerUnavailable
@@ -136,3 +136,12 @@ def test_workers_do_not_log_aiokafkas_subscription_line_on_every_identity_check(
         root.setLevel(before[0])
         root.handlers[:] = before[1]
         chatty.setLevel(before[2])
+
+
+def test_a_lost_log_reads_stopped_and_exits_4_as_the_drill_expects() -> None:
+    """The broker-reset drill recognises a projector's log-identity stop by status 4 and a
+    `stopped: ` line; the shared entry code must keep both."""
+    lost = LogIdentityError("partition 0 of toolledger.events has no epoch marker")
+    assert exit_status(lost) == ExitStatus.LOG_MISMATCH
+    assert int(ExitStatus.LOG_MISMATCH) == 4
+    assert message(lost) == f"stopped: {lost}"
