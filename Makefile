@@ -17,6 +17,7 @@ help:
 	@echo "make pytest  the whole test suite against the dev stack, without lint"
 	@echo "make demo    the billing demo on the embedded ledger (toolledger demo; seconds)"
 	@echo "make bench   the benchmarks"
+	@echo "make bench-peers  toolledger, Restate and DBOS side by side (installs the peers under .toolledger/peers)"
 	@echo "make clean   stop the dev stack, remove caches and build output (keeps .venv)"
 
 venv: $(STAMP)
