@@ -15,6 +15,7 @@ import pytest
 
 from tests import builders as b
 from toolledger import Ledger, Settings, load_settings
+from toolledger.errors import ExitStatus
 from toolledger.events.codec import encode
 from toolledger.events.models import CallApproved, CallResolved, OperatorEvent
 from toolledger.events.signing import SigningKey, VerifyKeys, sign
@@ -147,7 +148,7 @@ async def test_an_unknown_key_id_halts_its_partition_until_the_public_key_is_dep
     assert "identical" in replayed.stdout
     assert "k1 (" in replayed.stdout and "k2 (" in replayed.stdout
     lacking = _cli(shared, b.SIGNING_KEY.public_setting(), "replay", "--into", replicas[1])
-    assert lacking.returncode == 3, lacking.stdout + lacking.stderr
+    assert lacking.returncode == ExitStatus.LOG_MISMATCH, lacking.stdout + lacking.stderr
     assert "Deploy keys before signers" in lacking.stderr
 
 
