@@ -20,12 +20,13 @@ from opentelemetry.trace import SpanKind, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from prometheus_client import REGISTRY
 
+from tests.contract.runtime_harness import SIGNING_KEY
 from tests.integration.procs import until
 from tests.tracing_support import Spans
 from toolledger import (
     Ledger,
     LedgerUnavailable,
-    Settings,
+    ProjectorSettings,
     ToolCallIndeterminate,
     ToolContext,
     ToolNotAttemptedError,
@@ -248,13 +249,14 @@ class TestKafkaPostgresCallSpans(CallSpans):
     async def ledger(
         self, pg_dsn: str, pg_schema: str, kafka_bootstrap: str, topic_prefix: str
     ) -> AsyncIterator[Ledger]:
-        settings = Settings(
+        settings = ProjectorSettings(
             database_url=pg_dsn,
             kafka_bootstrap=kafka_bootstrap,
             schema_name=pg_schema,
             topic_prefix=topic_prefix + ".",
             partitions=2,
             verdict_timeout_s=5,
+            verify_keys=SIGNING_KEY.verify_keys(),
         )
         stack = await LedgerStack.connect(settings, run_projector=True)
         ledger = Ledger.from_stack(stack, verdict_timeout=5)
