@@ -22,6 +22,7 @@ from toolledger.events.log import LogIdentity
 from toolledger.events.records import CallRecord, RunRecord, Verdict
 from toolledger.projections.facts import Fact
 from toolledger.projections.store import (
+    AppliedBatch,
     CallQuery,
     CallStats,
     LedgerSnapshot,
@@ -88,13 +89,13 @@ class MemoryLedger(LedgerStore):
     async def partition_state(self, partition: int) -> PartitionState | None:
         return self._offsets.get(partition)
 
-    async def apply_batch(
+    async def apply_written(
         self,
         partition: int,
         start_offset: int,
         next_offset: int,
         items: Sequence[Positioned | DeadLetter],
-    ) -> list[Verdict]:
+    ) -> AppliedBatch:
         check_batch(partition, start_offset, next_offset, items)
         async with self._lock:
             state = self._offsets.get(partition)
@@ -126,7 +127,7 @@ class MemoryLedger(LedgerStore):
         for queue in self._subscribers:
             for verdict in outcome.verdicts:
                 queue.put_nowait(verdict.event_id)
-        return outcome.verdicts
+        return AppliedBatch(outcome.verdicts, outcome.history)
 
     async def get_call(self, key: str) -> CallRecord | None:
         return self._fold.calls.get(key)
