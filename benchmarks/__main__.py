@@ -56,6 +56,12 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
         default=10.0,
         help="seconds a catch-up run may take after its first commit (rate over what it applied)",
     )
+    parser.add_argument(
+        "--variant",
+        choices=catch_up.VARIANTS,
+        action="append",
+        help="catch-up variants to run (repeatable; default all)",
+    )
     parser.add_argument("--runs", type=int, default=64, help="concurrent runs in throughput")
     parser.add_argument("--calls", type=int, default=40, help="calls per run in throughput")
     parser.add_argument(
@@ -93,6 +99,7 @@ async def _run(found: Services, args: argparse.Namespace) -> list[Row]:
                     repeat=args.repeat,
                     batch_size=args.batch_size,
                     budget=args.budget,
+                    variants=[catch_up.VARIANTS[v] for v in args.variant or catch_up.VARIANTS],
                 )
             if "replay" in chosen:
                 say("replay")

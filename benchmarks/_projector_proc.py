@@ -36,7 +36,7 @@ class _OnlyThese(PostgresPartitionLocks):
 async def _run(allowed: set[int] | None, facts: bool) -> None:
     settings = load_settings(ProjectorSettings)
     settings.require_verify_keys()
-    stack = await LedgerStack.connect(settings)
+    stack = await LedgerStack.connect(settings, listen=False)
     database_url, _ = settings.require_services()
     projector = Projector(
         stack.events,

@@ -18,6 +18,7 @@ was measured. Each run then checks the rows behind the offsets (`_check_rows`).
 from __future__ import annotations
 
 import asyncio
+import os
 import tempfile
 import time
 from collections.abc import Sequence
@@ -43,6 +44,15 @@ _ROWS = (
     "(SELECT count(*) FROM tool_executions) AS keys, "
     "(SELECT count(*) FROM tool_executions WHERE status = 'completed') AS completed"
 )
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) a running process has used so far, from /proc."""
+    with open(f"/proc/{pid}/stat", "rb") as stat:
+        # Fields after the command name, which is in parentheses and may hold spaces.
+        fields = stat.read().rsplit(b")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICK
 
 
 async def raw_consume(scratch: Scratch, backlog: Backlog, max_records: int = 10_000) -> float:
@@ -92,13 +102,26 @@ SHIPPED = Variant("`toolledger projector` (facts on)", shipped=True)
 NO_FACTS = Variant("1 process, facts off", facts=False)
 TWO_NO_FACTS = Variant("2 processes, half the partitions each, facts off", 2, facts=False)
 TWO_SHARED = Variant("2 x `toolledger projector`, ownership `share` (facts on)", 2, shipped=True)
+#: `--variant` names, in the order a full run measures them.
+VARIANTS = {"shipped": SHIPPED, "shared": TWO_SHARED, "no-facts": NO_FACTS, "split": TWO_NO_FACTS}
+
+
+@dataclass(frozen=True)
+class CatchUp:
+    """One catch-up run: its rate, the events it covers, and the projectors' CPU per event."""
+
+    rate: float
+    applied: int
+    cpu_per_event: float
 
 
 async def projector_catch_up(
     scratch: Scratch, backlog: Backlog, variant: Variant, *, batch_size: int, budget: float
-) -> tuple[float, int]:
-    """Events/s of `variant` applying the backlog into a fresh schema, and how many it applied
-    (all of them, or as many as `budget` seconds after its first commit allowed)."""
+) -> CatchUp:
+    """`variant` applying the backlog into a fresh schema: events/s, how many it applied (all of
+    them, or as many as `budget` seconds after its first commit allowed), and the CPU time its
+    processes spent per event over the same span (less noisy than wall time on a shared
+    machine)."""
     schema = scratch.schema("catchup")
     topics = scratch.topics("backlog")
     settings: dict[str, object] = {"partitions": backlog.partitions, "batch_size": batch_size}
@@ -111,11 +134,11 @@ async def projector_catch_up(
         try:
             for argv in variant.commands(backlog.partitions):
                 procs.append(await start_process(argv, env, log_path))
-            rate, applied = await _watch(scratch, schema, backlog, procs, log_path, budget)
+            result = await _watch(scratch, schema, backlog, procs, log_path, budget)
             for proc in procs:
                 await stop_process(proc)
             await _check_rows(scratch, schema, backlog)
-            return rate, applied
+            return result
         finally:
             for proc in procs:
                 await stop_process(proc)
@@ -168,14 +191,15 @@ async def _watch(
     procs: list[asyncio.subprocess.Process],
     log_path: Path,
     budget: float,
-) -> tuple[float, int]:
+) -> CatchUp:
     """Poll the committed offsets until every partition reached its end (or the budget is
-    spent); the rate from the first commit seen to the last, and the events it covers."""
+    spent); the rate from the first commit seen to the last, the events it covers, and the
+    processes' CPU seconds per event between those two moments."""
     conn = await asyncpg.connect(
         scratch.services.database_url, server_settings={"search_path": f'"{schema}"'}
     )
     give_up = time.perf_counter() + STARTUP_TIMEOUT
-    first: tuple[float, int] | None = None
+    first: tuple[float, int, float] | None = None
     try:
         while True:
             for proc in procs:
@@ -194,12 +218,14 @@ async def _watch(
             offsets = {int(r["partition"]): int(r["next_offset"]) for r in rows}
             applied = sum(offset - 1 for offset in offsets.values())
             if first is None and applied > 0:
-                first = (now, applied)
+                first = (now, applied, sum(process_cpu(p.pid) for p in procs))
             done = offsets and all(offsets.get(p, 1) >= t for p, t in backlog.targets.items())
             if first is not None and (done or now - first[0] >= budget):
                 if now == first[0]:
                     raise RuntimeError("the backlog was applied between two polls: make it larger")
-                return (applied - first[1]) / (now - first[0]), applied
+                cpu = sum(process_cpu(p.pid) for p in procs) - first[2]
+                events = applied - first[1]
+                return CatchUp(events / (now - first[0]), applied, cpu / events)
             await asyncio.sleep(POLL)
     finally:
         await conn.close()
@@ -212,21 +238,26 @@ async def measure(
     repeat: int,
     batch_size: int = 2000,
     budget: float = 10.0,
-    variants: Sequence[Variant] = (SHIPPED, TWO_SHARED, NO_FACTS, TWO_NO_FACTS),
+    variants: Sequence[Variant] = tuple(VARIANTS.values()),
 ) -> list[Row]:
     consumed: list[float] = []
     rates: dict[Variant, list[float]] = {v: [] for v in variants}
     covered: dict[Variant, list[int]] = {v: [] for v in variants}
+    cpu: dict[Variant, list[float]] = {v: [] for v in variants}
     for n in range(repeat):
         consumed.append(await raw_consume(scratch, backlog))
         say(f"  catch-up {n + 1}/{repeat}: raw consume {consumed[-1]:,.0f}/s")
         for variant in variants:
-            rate, applied = await projector_catch_up(
+            run = await projector_catch_up(
                 scratch, backlog, variant, batch_size=batch_size, budget=budget
             )
-            rates[variant].append(rate)
-            covered[variant].append(applied)
-            say(f"    {variant.name}: {rate:,.0f}/s over {applied:,} events")
+            rates[variant].append(run.rate)
+            covered[variant].append(run.applied)
+            cpu[variant].append(run.cpu_per_event)
+            say(
+                f"    {variant.name}: {run.rate:,.0f}/s over {run.applied:,} events, "
+                f"{run.cpu_per_event * 1e6:.0f} us CPU per event"
+            )
     floor = median(consumed)
     rows = []
     for variant in variants:
@@ -235,7 +266,7 @@ async def measure(
         note = (
             f"{backlog.events:,}-event backlog, {backlog.partitions} partitions, batch "
             f"{batch_size}; rate over {part} (budget {budget:g}s from the first commit); "
-            f"median of {repeat}"
+            f"median of {repeat}; projector CPU {median(cpu[variant]) * 1e6:.0f} us/event"
         )
         goal = ">= 20,000 ev/s and >= 0.25x"
         rows.append(

@@ -17,8 +17,9 @@ from toolledger.projections.postgres import PostgresLedger
 from toolledger.projections.replay import replay
 
 
-async def replay_once(scratch: Scratch, backlog: Backlog) -> tuple[float, float]:
-    """Events/s of one replay into a fresh schema, with and without the final digest."""
+async def replay_once(scratch: Scratch, backlog: Backlog) -> tuple[float, float, float]:
+    """Events/s of one replay into a fresh schema, with and without the final digest, and this
+    process's CPU seconds per event for the whole audit (replay runs in this process)."""
     schema = scratch.schema("replay")
     log = KafkaLog(scratch.services.kafka_bootstrap, backlog.topic, client_id="toolledger-bench")
     store = PostgresLedger(scratch.services.database_url, schema)
@@ -31,30 +32,35 @@ async def replay_once(scratch: Scratch, backlog: Backlog) -> tuple[float, float]
         folded_at = time.perf_counter()
 
     try:
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         report = await replay(log, store, targets=backlog.targets, progress=progress)
-        elapsed = time.perf_counter() - started
+        elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
     finally:
         await store.close()
         await log.close()
         await scratch.drop_schema(schema)
     if report.events != backlog.events:
         raise RuntimeError(f"replay folded {report.events} events of {backlog.events}")
-    return report.events / elapsed, report.events / (folded_at - started)
+    return report.events / elapsed, report.events / (folded_at - started), cpu / report.events
 
 
 async def measure(scratch: Scratch, backlog: Backlog, *, repeat: int) -> list[Row]:
     consumed: list[float] = []
     audits: list[float] = []
     folds: list[float] = []
+    cpus: list[float] = []
     for n in range(repeat):
         consumed.append(await raw_consume(scratch, backlog))
-        audit, fold = await replay_once(scratch, backlog)
+        audit, fold, cpu = await replay_once(scratch, backlog)
         audits.append(audit)
         folds.append(fold)
-        say(f"  replay {n + 1}/{repeat}: raw {consumed[-1]:,.0f}/s, replay {audit:,.0f}/s")
+        cpus.append(cpu)
+        say(
+            f"  replay {n + 1}/{repeat}: raw {consumed[-1]:,.0f}/s, replay {audit:,.0f}/s, "
+            f"{cpu * 1e6:.0f} us CPU per event"
+        )
     floor = median(consumed)
-    note = f"{backlog.events:,} events; median of {repeat}"
+    note = f"{backlog.events:,} events; median of {repeat}; CPU {median(cpus) * 1e6:.0f} us/event"
     return [
         Row("replay", "replay + digest", median(audits), "ev/s", floor, "raw consume", note=note),
         Row("replay", "fold only", median(folds), "ev/s", floor, "raw consume"),

@@ -106,8 +106,17 @@ class LedgerStack:
 
     @classmethod
     async def connect(
-        cls, settings: Settings, *, run_projector: bool = False, create_topics: bool = True
+        cls,
+        settings: Settings,
+        *,
+        run_projector: bool = False,
+        create_topics: bool = True,
+        listen: bool = True,
     ) -> LedgerStack:
+        """The stack against Kafka and PostgreSQL. `listen=False` opens no LISTEN connection:
+        for a process that never waits for a verdict (`toolledger projector`), whose every
+        notification would otherwise come back to it as a wake-up for nothing; its waiter
+        still polls, should anything wait after all."""
         database_url, bootstrap = settings.require_services()
         if run_projector and not isinstance(settings, ProjectorSettings):
             settings = load_settings(ProjectorSettings, **settings.model_dump())
@@ -137,8 +146,10 @@ class LedgerStack:
         reads = PostgresReads(database_url, settings.schema_name)
         call_reads = CallReads(reads)
         waiter = VerdictWaiter(reads)
-        listener = PostgresNotifications(database_url, store.notify_channel, waiter)
-        await listener.start()
+        listener = None
+        if listen:
+            listener = PostgresNotifications(database_url, store.notify_channel, waiter)
+            await listener.start()
         await waiter.start()
         projector = None
         if run_projector:
@@ -158,7 +169,8 @@ class LedgerStack:
             )
         commands = LedgerCommands(events, waiter, store, settings.payload_limits())
         stack = cls(events, facts, dlq, store, waiter, commands, call_reads, projector)
-        stack._listeners.append(listener)
+        if listener is not None:
+            stack._listeners.append(listener)
         stack._reads.append(reads)
         if projector is not None:
             stack._tasks.append(asyncio.create_task(projector.run(), name="toolledger-projector"))

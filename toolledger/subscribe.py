@@ -2,7 +2,9 @@
 
 Analytics consume `toolledger.ledger` (facts), never the requests: every fact is a verdict the
 projector reached, so a subscriber never counts an event the ledger rejected as if it had
-happened. Facts are published at least once, so a subscription drops repeats by event_id.
+happened. Facts are published at least once, so a subscription drops repeats by event_id. The
+projector packs several facts into one record (`toolledger.projections.facts`); a subscription
+yields facts one by one and reads records written before packing too.
 
 Three ways to start:
 
@@ -27,9 +29,9 @@ from datetime import datetime
 from aiokafka import AIOKafkaConsumer
 
 from toolledger.events.codec import DecodeError, decode
-from toolledger.events.log import EventLog, LogRecord
+from toolledger.events.log import EventLog
 from toolledger.events.models import Event
-from toolledger.projections.facts import Fact
+from toolledger.projections.facts import Fact, facts_in
 from toolledger.settings import Settings
 
 __all__ = ["Fact", "FactFilter", "requests", "subscribe", "subscribe_group"]
@@ -75,11 +77,12 @@ class _Seen:
         return True
 
 
-def _fact(record: LogRecord) -> Fact | None:
+def _facts(value: bytes | None) -> list[Fact]:
+    """The facts in a record, none for bytes that are not facts (skipped, as before)."""
     try:
-        return Fact.model_validate_json(record.value)
+        return facts_in(value) if value else []
     except ValueError:
-        return None
+        return []
 
 
 async def subscribe(
@@ -111,9 +114,9 @@ async def subscribe(
             for records in batches.values():
                 for record in records:
                     got = True
-                    fact = _fact(record)
-                    if fact and seen.first_time(fact.verdict.event_id) and wanted.wants(fact):
-                        yield fact
+                    for fact in _facts(record.value):
+                        if seen.first_time(fact.verdict.event_id) and wanted.wants(fact):
+                            yield fact
             if got:
                 quiet_since = loop.time()
             elif not follow and loop.time() - quiet_since >= idle_timeout:
@@ -133,8 +136,8 @@ async def subscribe_group(
     session_timeout_ms: int = 6000,
 ) -> AsyncIterator[Fact]:
     """Facts for a consumer group: starts where the group left off (the beginning the first
-    time) and commits each fact's offset once the caller asks for the next one, so a crash
-    redelivers at most the fact being handled."""
+    time) and commits each record's offset once the caller asks for the fact after its last
+    one, so a crash redelivers at most the record (the pack of facts) being handled."""
     _, bootstrap = settings.require_services()
     wanted = FactFilter(tenants, tools, event_types, accepted_only)
     seen = _Seen()
@@ -154,9 +157,9 @@ async def subscribe_group(
             batches = await consumer.getmany(timeout_ms=100)
             for tp, records in batches.items():
                 for record in records:
-                    fact = Fact.model_validate_json(record.value) if record.value else None
-                    if fact and seen.first_time(fact.verdict.event_id) and wanted.wants(fact):
-                        yield fact
+                    for fact in _facts(record.value):
+                        if seen.first_time(fact.verdict.event_id) and wanted.wants(fact):
+                            yield fact
                     await consumer.commit({tp: record.offset + 1})
     finally:
         await consumer.stop()

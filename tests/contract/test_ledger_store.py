@@ -50,7 +50,7 @@ from toolledger.events.models import (
 from toolledger.events.payloads import digest_of
 from toolledger.events.records import Verdict
 from toolledger.events.signing import SigningKey, sign
-from toolledger.projections.facts import Fact
+from toolledger.projections.facts import Fact, facts_in, facts_of
 from toolledger.projections.memory import MemoryLedger
 from toolledger.projections.migrations import load_migrations, migrate
 from toolledger.projections.postgres import PostgresLedger
@@ -767,6 +767,39 @@ class TestLedgerStoreContract:
         assert {"accepted", "held", "late_outcome", "quarantined"} <= set(reasons), reasons
         assert len(reasons) >= 12, reasons
         await assert_same_ledger(ledger, reference)
+
+    @pytest.mark.parametrize(("seed", "count", "sizes"), [(6, 300, (1, 40)), (7, 1600, (300, 900))])
+    async def test_a_batchs_facts_are_its_verdicts_and_history_as_written(
+        self, ledger: LedgerStore, seed: int, count: int, sizes: tuple[int, int]
+    ) -> None:
+        """Facts are pasted from what the store wrote, not re-serialised: each pasted fact must
+        read back as the fact the old code built (the verdict, its event's position and JSON),
+        in small batches (one statement) and large ones (COPY while folding)."""
+        mixed = MixedLog(seed, count)
+        reference = mixed.log.reference
+        for partition in (0, 1):
+            for batch in mixed.batches(partition, sizes):
+                applied = await ledger.apply_written(
+                    batch.partition, batch.start, batch.next, batch.items
+                )
+                want = [reference.verdicts[v.event_id] for v in applied.verdicts]
+                assert applied.verdicts == want
+                assert [h.event_id for h in applied.history] == [
+                    v.event_id for v in applied.verdicts
+                ]
+                texts = facts_of(applied.history, applied.verdicts, applied.verdict_json())
+                got = [f for text in texts for f in facts_in(f"[{text.json}]".encode())]
+                by_id = {e.event_id: e for e in reference.history if e.partition == partition}
+                assert got == [
+                    Fact(
+                        partition=partition,
+                        offset=by_id[v.event_id].offset,
+                        verdict=v,
+                        event_json=by_id[v.event_id].event_json,
+                    )
+                    for v in applied.verdicts
+                ]
+                assert [t.run_id for t in texts] == [v.run_id for v in applied.verdicts]
 
     async def test_a_batch_that_fails_midway_writes_nothing(
         self, ledger: LedgerStore, monkeypatch: pytest.MonkeyPatch

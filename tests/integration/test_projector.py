@@ -19,7 +19,7 @@ from toolledger.events.codec import default_codec, encode, frame, unframe
 from toolledger.events.fold import broken_chains
 from toolledger.events.log import LogIdentityError, partition_for
 from toolledger.events.models import Event
-from toolledger.projections.facts import Fact
+from toolledger.projections.facts import facts_in
 from toolledger.projections.ownership import PostgresPartitionLocks
 from toolledger.projections.postgres import PostgresLedger
 from toolledger.projections.projector import Projector
@@ -205,7 +205,8 @@ async def test_every_verdict_is_published_as_a_fact_with_its_position(stack: Led
     r = b.reserved("facts-run", "c1")
     events = [r, b.reserved("facts-run", "c1"), b.completed(r)]
     await _project(stack, *events)
-    facts = [Fact.model_validate_json(v) for _, v, _ in await _read_all(stack, "facts", expect=3)]
+    records = await _read_all(stack, "facts", expect=3)
+    facts = [fact for _, value, _ in records for fact in facts_in(value)]
     by_id = {f.verdict.event_id: f for f in facts}
     assert set(by_id) == {e.event_id for e in events}
     assert [by_id[e.event_id].verdict.accepted for e in events] == [True, False, True]

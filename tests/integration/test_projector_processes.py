@@ -616,3 +616,20 @@ async def test_a_projector_does_not_log_aiokafkas_subscription_line_on_each_iden
         start = (await proc.wait_for(r"owns \[", timeout=START_TIMEOUT, after=start)).end()
     assert "took partition" in proc.output()
     assert "Updating subscribed topics" not in proc.output()
+
+
+async def test_a_projector_process_does_not_listen_to_its_own_notifications(scene: Scene) -> None:
+    """`toolledger projector` waits for no verdict: a LISTEN session of its own would only
+    bring every notification it sends back to it as a wake-up for nothing (decision 4 of the
+    lean event path). Runtimes keep theirs: the client's verdicts still arrive."""
+    proc = scene.start_projector("projector")
+    await scene.owns_all(proc)
+    verdict = await scene.client.commands.append_and_await(b.reserved("quiet", "c1"), timeout=15)
+    assert verdict.accepted, verdict.detail
+    names = {
+        r["application_name"]
+        for r in await scene.db.fetch("SELECT application_name FROM pg_stat_activity")
+    }
+    assert f"toolledger-locks-{proc.pid}" in names
+    assert f"toolledger-listen-{proc.pid}" not in names
+    assert f"toolledger-listen-{os.getpid()}" in names

@@ -25,7 +25,7 @@ from toolledger.processors.schedule import (
     is_due,
     next_attempt_at,
 )
-from toolledger.processors.unsettled import UnsettledRun, fold_fact, parse_fact
+from toolledger.processors.unsettled import UnsettledRun, fold_fact, parse_facts
 from toolledger.projections.facts import Fact
 from toolledger.stack import LedgerStack
 
@@ -196,10 +196,12 @@ def test_a_settled_call_not_in_the_table_leaves_no_entry() -> None:
     assert fold_fact(None, fact(record("completed", version=3)), partition=1) is None
 
 
-def test_facts_round_trip_and_garbage_is_not_a_fact() -> None:
-    f = fact(record())
-    assert parse_fact(f.model_dump_json().encode()) == f
-    assert parse_fact(b"\x00garbage") is None
+def test_facts_round_trip_packed_or_single_and_garbage_is_not_a_fact() -> None:
+    f, g = fact(record()), fact(record("completed", version=3))
+    assert parse_facts(f.model_dump_json().encode()) == [f]
+    packed = f"[{f.model_dump_json()},{g.model_dump_json()}]".encode()
+    assert parse_facts(packed) == [f, g]
+    assert parse_facts(b"\x00garbage") is None
 
 
 # --- findings -------------------------------------------------------------------------------

@@ -30,7 +30,8 @@ from toolledger.stack import LedgerStack
 async def _run(status_every: float) -> None:
     settings = load_settings(ProjectorSettings)
     settings.require_verify_keys()
-    stack = await LedgerStack.connect(settings, run_projector=True)
+    # It waits for no verdict, so it does not LISTEN to the notifications it sends itself.
+    stack = await LedgerStack.connect(settings, run_projector=True, listen=False)
     # Everything imported and connected so far lives as long as the process: keep it out of
     # every later collection (a library cannot decide this for its host; this command can).
     gc.freeze()

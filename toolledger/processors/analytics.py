@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry, Gauge
 
 from toolledger.processors.app import DEFAULT_SESSION_TIMEOUT_S, processor_app
 from toolledger.processors.app import facts_topic as facts_topic_of
-from toolledger.projections.facts import Fact
+from toolledger.projections.facts import Fact, facts_in
 from toolledger.settings import Settings
 
 log = logging.getLogger("toolledger.analytics")
@@ -103,31 +103,35 @@ def analytics_app(
     async def count(stream: Any) -> None:
         async for event in stream.events():
             try:
-                fact = Fact.model_validate_json(event.value)
+                facts = facts_in(event.value)
             except ValueError:
                 continue
-            call = fact.verdict.call
-            if call is None:
-                continue
-            partition = event.message.partition
-            change = status_change(fact, status_of.get(call.key))
-            if change is None:
-                continue
-            old, new = change
-            base = f"{partition}|{call.tenant_id}|{call.tool}"
-            if old is not None:
-                counts[f"{base}|{old}"] -= 1
-            counts[f"{base}|{new}"] += 1
-            status_of[call.key] = new
-            if new in _RATED:
-                minute = int(fact.occurred_at.timestamp() // WINDOW_S)
-                key = f"{base}|{new}|{minute}"
-                per_minute[key] += 1
-                keys = recent[f"{base}|{new}"]
-                if key not in keys:
-                    keys.append(key)
-                while len(keys) > 10:  # keep ten windows per series
-                    per_minute.pop(keys.pop(0), None)
+            for fact in facts:
+                tally(fact, event.message.partition)
+
+    def tally(fact: Fact, partition: int) -> None:
+        """Count one fact read from `partition` (a record may pack several)."""
+        call = fact.verdict.call
+        if call is None:
+            return
+        change = status_change(fact, status_of.get(call.key))
+        if change is None:
+            return
+        old, new = change
+        base = f"{partition}|{call.tenant_id}|{call.tool}"
+        if old is not None:
+            counts[f"{base}|{old}"] -= 1
+        counts[f"{base}|{new}"] += 1
+        status_of[call.key] = new
+        if new in _RATED:
+            minute = int(fact.occurred_at.timestamp() // WINDOW_S)
+            key = f"{base}|{new}|{minute}"
+            per_minute[key] += 1
+            keys = recent[f"{base}|{new}"]
+            if key not in keys:
+                keys.append(key)
+            while len(keys) > 10:  # keep ten windows per series
+                per_minute.pop(keys.pop(0), None)
 
     async def refresh() -> None:
         totals: dict[tuple[str, str, str], int] = defaultdict(int)

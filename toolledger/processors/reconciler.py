@@ -55,8 +55,9 @@ from toolledger.processors.app import DEFAULT_SESSION_TIMEOUT_S, processor_app
 from toolledger.processors.app import facts_topic as facts_topic_of
 from toolledger.processors.findings import Finding, ask_hook, finding_for
 from toolledger.processors.schedule import ReconcilePolicy, exhausted, is_due
-from toolledger.processors.unsettled import UnsettledRun, fold_fact, parse_fact
+from toolledger.processors.unsettled import UnsettledRun, fold_fact, parse_facts
 from toolledger.projections.commands import LedgerCommands
+from toolledger.projections.facts import Fact
 from toolledger.projections.verdicts import LedgerUnavailable
 from toolledger.runtime.tools import Tool, Toolset
 from toolledger.settings import Settings
@@ -344,8 +345,8 @@ def reconciler_app(
     @app.agent(facts, name="reconciler-facts")
     async def fold(stream: Any) -> None:
         async for event in stream.events():
-            fact = parse_fact(event.value)
-            if fact is None:
+            facts = parse_facts(event.value)
+            if facts is None:
                 log.warning(
                     "facts record at %s[%d]@%d is not a fact; skipped",
                     facts_topic,
@@ -353,18 +354,23 @@ def reconciler_app(
                     event.message.offset,
                 )
                 continue
-            run_id = fact.verdict.run_id
-            raw = table.get(run_id)
-            entry = parsed.get(run_id, raw)
-            new = fold_fact(entry, fact, event.message.partition)
-            if new is entry:
-                continue
-            if new is None:
-                del table[run_id]
-            else:
-                value = new.model_dump(mode="json")
-                table[run_id] = value
-                parsed.put(run_id, value, new)
+            for fact in facts:
+                remember(fact, event.message.partition)
+
+    def remember(fact: Fact, partition: int) -> None:
+        """Fold one fact (a record may pack several) into its run's unsettled calls."""
+        run_id = fact.verdict.run_id
+        raw = table.get(run_id)
+        entry = parsed.get(run_id, raw)
+        new = fold_fact(entry, fact, partition)
+        if new is entry:
+            return
+        if new is None:
+            del table[run_id]
+        else:
+            value = new.model_dump(mode="json")
+            table[run_id] = value
+            parsed.put(run_id, value, new)
 
     async def scan() -> None:
         if app.rebalancing or app.in_recovery:

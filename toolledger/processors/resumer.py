@@ -26,7 +26,7 @@ from toolledger.events.records import CallRecord, RunRecord
 from toolledger.modules import ModuleLoadError, import_user_module
 from toolledger.processors.app import DEFAULT_SESSION_TIMEOUT_S, processor_app
 from toolledger.processors.app import facts_topic as facts_topic_of
-from toolledger.projections.facts import Fact
+from toolledger.projections.facts import Fact, facts_in
 from toolledger.runtime.runs import PAUSED, wait_is_over
 from toolledger.settings import Settings
 
@@ -96,10 +96,11 @@ def resumer_app(
     async def follow(stream: Any) -> None:
         async for value in stream:
             try:
-                fact = Fact.model_validate_json(value)
+                facts = facts_in(value)
             except ValueError:
                 log.warning("a facts record is not a fact; skipped")
                 continue
-            await resumer.on_fact(fact)
+            for fact in facts:
+                await resumer.on_fact(fact)
 
     return app

@@ -18,7 +18,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from toolledger.events.records import UNSETTLED, CallRecord
-from toolledger.projections.facts import Fact
+from toolledger.projections.facts import Fact, facts_in
 
 
 class UnsettledRun(BaseModel):
@@ -53,9 +53,9 @@ def fold_fact(entry: UnsettledRun | None, fact: Fact, partition: int) -> Unsettl
     return UnsettledRun(partition=entry.partition if entry else partition, calls=calls)
 
 
-def parse_fact(value: bytes) -> Fact | None:
-    """The fact in a facts-topic record, or None for bytes that are not one."""
+def parse_facts(value: bytes) -> list[Fact] | None:
+    """The facts in a facts-topic record (packed or single), or None for bytes that are not."""
     try:
-        return Fact.model_validate_json(value)
+        return facts_in(value)
     except ValidationError:
         return None

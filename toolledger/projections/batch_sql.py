@@ -135,11 +135,18 @@ def _nulls(types: Mapping[str, str]) -> str:
 #: generic plan the planner may pick a sequential scan that compares every row with every array
 #: element. A chain head is the newest history entry of its key, one index probe
 #: (`tool_execution_history_key`) per key.
+#: One probe of a primary key per wanted key, whatever the planner knows: each lookup is a
+#: LATERAL subquery with LIMIT 1 (which the planner cannot flatten into a join), because on a
+#: fresh, unanalysed schema (replay, a benchmark, a new ledger catching up) it hashed the whole
+#: of `tool_executions` for every batch instead, a cost growing with the ledger (decision 6 of
+#: the lean event path: no query may depend on statistics a new schema lacks).
 LOAD = (
     f"SELECT 1 AS kind, {_names(CALL_TYPES, 'c.')}, {_nulls(RUN_TYPES)}, NULL::uuid, "  # noqa: S608
-    "NULL::text FROM unnest($1::text[]) AS wanted(key) JOIN tool_executions AS c USING (key) "
+    "NULL::text FROM unnest($1::text[]) AS wanted(key) CROSS JOIN LATERAL "
+    "(SELECT * FROM tool_executions AS t WHERE t.key = wanted.key LIMIT 1) AS c "
     f"UNION ALL SELECT 2, {_nulls(CALL_TYPES)}, {_names(RUN_TYPES, 'r.')}, NULL::uuid, NULL "
-    "FROM unnest($2::text[]) AS wanted(run_id) JOIN runs AS r USING (run_id) "
+    "FROM unnest($2::text[]) AS wanted(run_id) CROSS JOIN LATERAL "
+    "(SELECT * FROM runs AS t WHERE t.run_id = wanted.run_id LIMIT 1) AS r "
     f"UNION ALL SELECT 3, {_nulls(CALL_TYPES)}, {_nulls(RUN_TYPES)}, v.event_id, NULL "
     "FROM unnest($3::uuid[]) AS wanted(event_id) JOIN verdicts AS v USING (event_id) "
     f"UNION ALL SELECT 4, wanted.key, {_nulls(dict(list(CALL_TYPES.items())[1:]))}, "

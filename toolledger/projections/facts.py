@@ -5,24 +5,37 @@ rejected. Publishing is at least once: after each commit the projector publishes
 verdicts and records how far it got per partition in PostgreSQL (lazily, at most every
 `mark_interval` seconds); when it takes a partition over it first republishes everything after
 the recorded position. Consumers drop repeats by event_id.
+
+**Packed records.** A facts record holds a JSON array of facts, all of runs that land in the
+record's partition, in log order (docs/architecture.md, decision 4 of the lean event path). A
+record per fact cost the projector more than projecting the event did: a producer send, a task
+and a header list each. Per-run order holds because a run's facts always go to the partition its
+run_id names and a pack keeps their order; `facts_in` reads packed records and the single-fact
+records written before packing, so every consumer (`toolledger.subscribe`, the processors) sees
+facts, never packs. A fact's JSON is built once from the text the store already wrote (the
+verdict as stored in `verdicts`, the event as stored in the history), not re-serialised.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
-import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter
 
-from toolledger.events.fold import DeadLetter, Positioned
-from toolledger.events.log import EventLog
+from toolledger.events.fold import HistoryEntry
+from toolledger.events.log import EventLog, partition_for
 from toolledger.events.models import AnyEvent, Event
 from toolledger.events.records import Verdict
 
 _EVENT: TypeAdapter[Event] = TypeAdapter(AnyEvent)
+#: The most fact JSON one record carries (a single larger fact travels alone): well under
+#: Kafka's default 1 MB message limit and the facts producer's 512 KB batches.
+PACK_BYTES = 256 * 1024
 
 
 class Fact(BaseModel):
@@ -45,51 +58,105 @@ class Fact(BaseModel):
         """When the request was made (its envelope's `occurred_at`)."""
         return self.event.occurred_at
 
-    def headers(self) -> list[tuple[str, bytes]]:
-        return [
-            ("event_id", str(self.verdict.event_id).encode()),
-            ("event_type", self.verdict.event_type.encode()),
-            ("accepted", b"1" if self.verdict.accepted else b"0"),
-        ]
+
+_PACKED: TypeAdapter[list[Fact]] = TypeAdapter(list[Fact])
 
 
-def facts_of(items: Sequence[Positioned | DeadLetter], verdicts: Sequence[Verdict]) -> list[Fact]:
-    """Pair a batch's verdicts with the positions and bodies of the events they decided."""
-    by_id: dict[uuid.UUID, Positioned] = {}
-    for item in items:
-        if isinstance(item, Positioned):
-            by_id.setdefault(item.event.event_id, item)  # a resend keeps the first position
-    facts = []
-    for verdict in verdicts:
-        item = by_id[verdict.event_id]
-        facts.append(
-            Fact(
-                partition=item.partition,
-                offset=item.offset,
-                verdict=verdict,
-                event_json=item.event.history_json(),
-            )
+def facts_in(value: bytes) -> list[Fact]:
+    """The facts a facts-topic record holds, in order: a packed record (a JSON array) or a
+    single fact as written before packing. Raises `ValueError` for bytes that are neither."""
+    if value[:1] == b"[":
+        return _PACKED.validate_json(value)
+    return [Fact.model_validate_json(value)]
+
+
+@dataclass(frozen=True, slots=True)
+class FactText:
+    """One fact, serialised: its run (which picks the partition) and its JSON object."""
+
+    run_id: str
+    json: str
+
+
+def fact_text(fact: Fact) -> FactText:
+    """A fact read back from the store (republishing), serialised."""
+    return FactText(fact.verdict.run_id, fact.model_dump_json())
+
+
+def facts_of(
+    history: Sequence[HistoryEntry], verdicts: Sequence[Verdict], verdict_json: Sequence[str]
+) -> list[FactText]:
+    """A committed batch's facts from what the store wrote: each verdict's history entry (its
+    position and event JSON) and the verdict's JSON as stored, pasted into the `Fact` shape."""
+    return [
+        FactText(
+            v.run_id,
+            f'{{"partition":{h.partition},"offset":{h.offset},"verdict":{j},'
+            f'"event_json":{json.dumps(h.event_json)}}}',
         )
-    return facts
+        for h, v, j in zip(history, verdicts, verdict_json, strict=True)
+    ]
+
+
+def packs(facts: Sequence[FactText], limit: int = PACK_BYTES) -> Iterator[list[FactText]]:
+    """Consecutive runs of `facts` of at most `limit` characters of JSON (at least one fact)."""
+    pack: list[FactText] = []
+    size = 0
+    for fact in facts:
+        if pack and size + len(fact.json) > limit:
+            yield pack
+            pack, size = [], 0
+        pack.append(fact)
+        size += len(fact.json) + 1
+    if pack:
+        yield pack
 
 
 class FactsPublisher:
     """Appends facts to the facts topic, keyed by run_id like the requests."""
 
-    def __init__(self, log: EventLog, mark_interval: float = 0.5) -> None:
+    def __init__(
+        self, log: EventLog, mark_interval: float = 0.5, pack_bytes: int = PACK_BYTES
+    ) -> None:
         self.log = log
         self.mark_interval = mark_interval
+        self.pack_bytes = pack_bytes
         self._last_mark: dict[int, float] = {}
+        self._partitions = 0
+        self._partition_of: dict[str, int] = {}
         self.published = 0
 
-    async def publish(self, facts: Sequence[Fact]) -> None:
+    async def publish(self, facts: Sequence[FactText]) -> None:
+        """Append `facts` (in log order) packed per facts partition; returns once all are
+        acknowledged. The packs of one partition are appended in order."""
+        if not facts:
+            return
+        if not self._partitions:  # the partition count of a topic never changes
+            self._partitions = await self.log.partition_count()
+        groups: dict[int, list[FactText]] = {}
+        for fact in facts:
+            groups.setdefault(self._partition(fact.run_id), []).append(fact)
         await asyncio.gather(
             *(
-                self.log.append(f.verdict.run_id, f.model_dump_json().encode(), f.headers())
-                for f in facts
+                self.log.append(
+                    pack[0].run_id,
+                    f"[{','.join(f.json for f in pack)}]".encode(),
+                    [("facts", str(len(pack)).encode())],
+                )
+                for group in groups.values()
+                for pack in packs(group, self.pack_bytes)
             )
         )
         self.published += len(facts)
+
+    def _partition(self, run_id: str) -> int:
+        """`partition_for` (pure-Python murmur2), remembered: a run has many facts."""
+        partition = self._partition_of.get(run_id)
+        if partition is None:
+            if len(self._partition_of) >= 100_000:
+                self._partition_of.clear()
+            partition = self._partition_of[run_id] = partition_for(run_id, self._partitions)
+        return partition
 
     def mark_due(self, partition: int) -> bool:
         """Whether to record the published position now (rate-limited per partition)."""

@@ -23,6 +23,7 @@ from toolledger.events.records import CallRecord, RunRecord, Verdict
 from toolledger.events.signing import VerifyKeys, check_key_set
 from toolledger.projections.facts import Fact
 from toolledger.projections.store import (
+    AppliedBatch,
     CallQuery,
     CallStats,
     LedgerSnapshot,
@@ -95,13 +96,13 @@ class MemoryLedger(LedgerStore):
     async def partition_state(self, partition: int) -> PartitionState | None:
         return self._offsets.get(partition)
 
-    async def apply_batch(
+    async def apply_written(
         self,
         partition: int,
         start_offset: int,
         next_offset: int,
         items: Sequence[Positioned | DeadLetter],
-    ) -> list[Verdict]:
+    ) -> AppliedBatch:
         check_batch(partition, start_offset, next_offset, items)
         async with self._lock:
             state = self._offsets.get(partition)
@@ -135,7 +136,7 @@ class MemoryLedger(LedgerStore):
         for queue in self._subscribers:
             for verdict in outcome.verdicts:
                 queue.put_nowait(verdict.event_id)
-        return outcome.verdicts
+        return AppliedBatch(outcome.verdicts, outcome.history)
 
     async def get_call(self, key: str) -> CallRecord | None:
         return self._fold.calls.get(key)

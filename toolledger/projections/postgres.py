@@ -55,6 +55,7 @@ from toolledger.projections.facts import Fact
 from toolledger.projections.gc_pause import gc_paused
 from toolledger.projections.migrations import check_schema_name, migrate, quote_ident
 from toolledger.projections.store import (
+    AppliedBatch,
     BatchFold,
     CallQuery,
     CallStats,
@@ -219,8 +220,8 @@ def _dead_values(d: DeadLetter) -> tuple[int, int, str | None, str, bytes]:
     return (d.partition, d.offset, d.run_id, d.reason, d.payload)
 
 
-def _verdict_values(v: Verdict, h: HistoryEntry) -> tuple[Any, ...]:
-    return (v.event_id, h.partition, h.offset, v.accepted, v.reason, v.model_dump_json())
+def _verdict_values(v: Verdict, h: HistoryEntry, text: str) -> tuple[Any, ...]:
+    return (v.event_id, h.partition, h.offset, v.accepted, v.reason, text)
 
 
 log = logging.getLogger("toolledger.store")
@@ -249,6 +250,8 @@ class _Appender:
     def __init__(self, conn: Conn) -> None:
         self._conn = conn
         self._written = 0
+        #: The JSON of every verdict copied so far, in order (the facts reuse it).
+        self.verdict_json: list[str] = []
         self._task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> _Appender:
@@ -279,13 +282,17 @@ class _Appender:
             self._written = len(verdicts)
 
     async def _copy(self, history: list[HistoryEntry], verdicts: list[Verdict]) -> None:
+        texts = [v.model_dump_json() for v in verdicts]
+        self.verdict_json += texts
         await self._conn.copy_records_to_table(
             "tool_execution_history",
             records=map(_history_values, history),
             columns=_HISTORY_TYPES,
         )
         await self._conn.copy_records_to_table(
-            "verdicts", records=map(_verdict_values, verdicts, history), columns=_VERDICT_COLUMNS
+            "verdicts",
+            records=map(_verdict_values, verdicts, history, texts),
+            columns=_VERDICT_COLUMNS,
         )
 
 
@@ -424,13 +431,13 @@ class PostgresLedger(LedgerStore):
         row = await self._db.fetchrow(f"{_STATES} WHERE partition = $1", partition)
         return None if row is None else _state(row)
 
-    async def apply_batch(
+    async def apply_written(
         self,
         partition: int,
         start_offset: int,
         next_offset: int,
         items: Sequence[Positioned | DeadLetter],
-    ) -> list[Verdict]:
+    ) -> AppliedBatch:
         check_batch(partition, start_offset, next_offset, items)
         with gc_paused():
             return await self._apply(partition, start_offset, next_offset, items)
@@ -441,7 +448,7 @@ class PostgresLedger(LedgerStore):
         start_offset: int,
         next_offset: int,
         items: Sequence[Positioned | DeadLetter],
-    ) -> list[Verdict]:
+    ) -> AppliedBatch:
         async with self._db.acquire() as conn:
             if len(items) <= SMALL_BATCH:
                 return await self._apply_small(conn, (partition, start_offset, next_offset), items)
@@ -450,7 +457,7 @@ class PostgresLedger(LedgerStore):
 
     async def _apply_small(
         self, conn: Conn, position: tuple[int, int, int], items: Sequence[Positioned | DeadLetter]
-    ) -> list[Verdict]:
+    ) -> AppliedBatch:
         """Load, fold, then one statement that writes only if its compare-and-set hits."""
         partition, start_offset, _ = position
         calls, runs, decided, heads = await _load(conn, items)
@@ -458,9 +465,10 @@ class PostgresLedger(LedgerStore):
         for item in items:
             batch.apply(item)
         outcome = batch.outcome()
+        texts = [v.model_dump_json() for v in outcome.verdicts]
         rows = (
             list(map(_history_values, outcome.history)),
-            list(map(_verdict_values, outcome.verdicts, outcome.history)),
+            list(map(_verdict_values, outcome.verdicts, outcome.history, texts)),
             list(map(_call_values, outcome.calls)),
             list(map(_run_values, outcome.runs)),
             list(map(_dead_values, outcome.dead_letters)),
@@ -473,11 +481,11 @@ class PostgresLedger(LedgerStore):
             raise OffsetConflict(partition, start_offset, None) from None
         if moved != 1:
             raise OffsetConflict(partition, start_offset, await conn.fetchval(_OFFSET, partition))
-        return outcome.verdicts
+        return AppliedBatch(outcome.verdicts, outcome.history, texts)
 
     async def _apply_large(
         self, conn: Conn, position: tuple[int, int, int], items: Sequence[Positioned | DeadLetter]
-    ) -> list[Verdict]:
+    ) -> AppliedBatch:
         """CAS first (holding the offset row), then COPY while folding, then the upserts."""
         partition, start_offset, next_offset = position
         try:
@@ -506,7 +514,7 @@ class PostgresLedger(LedgerStore):
             await conn.executemany(_INSERT_DEAD_LETTER, map(_dead_values, outcome.dead_letters))
         if outcome.verdicts:
             await conn.execute(_NOTIFY, self.notify_channel, partition, start_offset, next_offset)
-        return outcome.verdicts
+        return AppliedBatch(outcome.verdicts, outcome.history, appender.verdict_json)
 
     async def get_call(self, key: str) -> CallRecord | None:
         row = await self._db.fetchrow(_GET_CALL, key)

@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from toolledger.events.codec import decode
-from toolledger.events.fold import DeadLetter, Positioned
+from toolledger.events.fold import DeadLetter
 from toolledger.events.log import (
     EventLog,
     LogError,
@@ -43,10 +43,10 @@ from toolledger.events.models import Event
 from toolledger.events.records import Verdict
 from toolledger.projections.dberrors import DATABASE_ERRORS
 from toolledger.projections.decoding import decode_records
-from toolledger.projections.facts import Fact, FactsPublisher, facts_of
+from toolledger.projections.facts import FactsPublisher, FactText, fact_text, facts_of
 from toolledger.projections.gc_pause import gc_paused
 from toolledger.projections.ownership import PartitionLocks
-from toolledger.projections.store import LedgerStore, OffsetConflict
+from toolledger.projections.store import AppliedBatch, LedgerStore, OffsetConflict
 from toolledger.projections.tracing import BatchSpans
 from toolledger.settings import ConfigError
 
@@ -320,10 +320,10 @@ class Projector:
             await self._publish_dead(partition, batch.dead)
             try:
                 with BatchSpans(self.log.topic, partition, batch.items) as spans:
-                    verdicts = await self.store.apply_batch(
+                    applied = await self.store.apply_written(
                         partition, start, batch.next_offset, batch.items
                     )
-                    spans.applied(verdicts)
+                    spans.applied(applied.verdicts)
             except OffsetConflict as conflict:
                 self.stats.conflicts += 1
                 log.warning("%s; re-reading its position", conflict)
@@ -331,12 +331,13 @@ class Projector:
                 self._resync.add(partition)
                 self._next_ownership = 0.0
                 return 0
+            verdicts = applied.verdicts
             self._owned[partition] = batch.next_offset
             self.stats.applied += len(verdicts)
             self.stats.dead_letters += len(batch.dead)
             self.stats.batches += 1
             if self.facts is not None:
-                await self._publish_facts(partition, batch.items, verdicts, batch.next_offset)
+                await self._publish_facts(partition, applied, batch.next_offset)
             elif self.on_verdicts is not None and verdicts:
                 await self.on_verdicts(partition, verdicts)
         if batch.halted is not None:
@@ -345,13 +346,7 @@ class Projector:
             await self._assign()
         return len(verdicts)
 
-    async def _publish_facts(
-        self,
-        partition: int,
-        items: Sequence[Positioned | DeadLetter],
-        verdicts: list[Verdict],
-        next_offset: int,
-    ) -> None:
+    async def _publish_facts(self, partition: int, applied: AppliedBatch, next_offset: int) -> None:
         """Publish a committed batch's facts while the next batch is fetched and applied.
 
         Waiting for Kafka to acknowledge every fact before fetching again made the projector's
@@ -363,14 +358,14 @@ class Projector:
         stops the projector as it did before (from the next step); the next owner republishes.
         """
         await self._facts_sent()
-        facts = facts_of(items, verdicts)
+        facts = facts_of(applied.history, applied.verdicts, applied.verdict_json())
         self._facts_in_flight = asyncio.create_task(
-            self._send_facts(partition, facts, verdicts, next_offset),
+            self._send_facts(partition, facts, applied.verdicts, next_offset),
             name="toolledger-facts",
         )
 
     async def _send_facts(
-        self, partition: int, facts: list[Fact], verdicts: list[Verdict], next_offset: int
+        self, partition: int, facts: list[FactText], verdicts: list[Verdict], next_offset: int
     ) -> None:
         assert self.facts is not None
         await self.facts.publish(facts)
@@ -398,7 +393,7 @@ class Projector:
             facts = await self.store.facts_since(partition, published, limit=self.batch_size)
             if not facts:
                 break
-            await self.facts.publish(facts)
+            await self.facts.publish([fact_text(fact) for fact in facts])
             published = facts[-1].offset + 1
         await self.store.mark_facts_published(partition, next_offset)
 

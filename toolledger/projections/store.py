@@ -78,6 +78,22 @@ class LedgerSnapshot:
 
 
 @dataclass(frozen=True)
+class AppliedBatch:
+    """A committed batch's new verdicts in log order, each with its history entry, and their
+    JSON when the store serialised them to write them (`stored_json`)."""
+
+    verdicts: list[Verdict]
+    history: list[HistoryEntry]
+    stored_json: list[str] | None = None
+
+    def verdict_json(self) -> list[str]:
+        """Each verdict's `model_dump_json()`: the store's text if it made one, else made now."""
+        if self.stored_json is not None:
+            return self.stored_json
+        return [v.model_dump_json() for v in self.verdicts]
+
+
+@dataclass(frozen=True)
 class CallQuery:
     """One page of the operator queue: a tenant's calls, longest-waiting first.
 
@@ -196,7 +212,6 @@ class LedgerStore(ABC):
     @abstractmethod
     async def partition_state(self, partition: int) -> PartitionState | None: ...
 
-    @abstractmethod
     async def apply_batch(
         self,
         partition: int,
@@ -211,6 +226,18 @@ class LedgerStore(ABC):
         `start_offset`. An event_id decided before is skipped (no history, no new verdict).
         Returns the new verdicts in log order.
         """
+        return (await self.apply_written(partition, start_offset, next_offset, items)).verdicts
+
+    @abstractmethod
+    async def apply_written(
+        self,
+        partition: int,
+        start_offset: int,
+        next_offset: int,
+        items: Sequence[Positioned | DeadLetter],
+    ) -> AppliedBatch:
+        """`apply_batch`, returning what it wrote with the verdicts: their history entries and
+        JSON, from which the projector builds facts without serialising anything again."""
 
     @abstractmethod
     async def get_call(self, key: str) -> CallRecord | None: ...
