@@ -34,10 +34,10 @@ from toolledger.stack import LedgerStack
 @click.option("--log-level", default="info", show_default=True, help="uvicorn's log level.")
 def api(host: str, port: int, tools: tuple[str, ...], log_level: str) -> None:
     """Serve the operator HTTP API (OpenAPI at /openapi.json), configured by TOOLLEDGER_*."""
+    registry = load_tools(tools) if tools else None
     settings = load_settings(OperatorSettings)
     settings.require_services()
     settings.require_signing_key()
-    registry = load_tools(tools) if tools else None
 
     async def open_stack() -> LedgerStack:
         return await LedgerStack.connect(settings, create_topics=False)

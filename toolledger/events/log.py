@@ -56,6 +56,8 @@ class RecordTooLarge(LogError):
     """A record over the log's size limit. Refused before it is sent, so it never landed, and
     permanent: resending the same bytes can only fail again, so nobody retries it."""
 
+    code = "record_too_large"
+
     def __init__(self, topic: str, key: str, size: int, limit: int) -> None:
         super().__init__(
             f"a record of {size} bytes for key {key} is larger than {topic} accepts "

@@ -32,6 +32,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
+from toolledger.errors import ToolLedgerError
 from toolledger.events.models import (
     CallCompleted,
     CallReserved,
@@ -76,12 +77,16 @@ class PayloadLimits:
     max_bytes: int = DEFAULT_MAX_BYTES
 
 
-class PayloadError(Exception):
+class PayloadError(ToolLedgerError):
     """A payload could not be recorded or read back; the message says which and what to do."""
+
+    code = "payload_error"
 
 
 class PayloadTooLarge(PayloadError, ValueError):
     """A payload over the maximum: it cannot be recorded, by reference or otherwise."""
+
+    code = "payload_too_large"
 
     def __init__(self, key: str, field: str, size: int, limit: int) -> None:
         what = _WHAT.get(field, field)
@@ -98,6 +103,8 @@ class PayloadTooLarge(PayloadError, ValueError):
 class PayloadRefused(PayloadError):
     """The ledger store refused to keep a payload (not unreachable: it answered no)."""
 
+    code = "payload_refused"
+
     def __init__(self, key: str, size: int, why: str) -> None:
         super().__init__(
             f"the ledger store refused the {size}-byte payload of {key} ({why}); it was not "
@@ -109,6 +116,8 @@ class PayloadRefused(PayloadError):
 
 class PayloadUnavailable(PayloadError):
     """A referenced blob is missing from the store or does not match its digest."""
+
+    code = "payload_unavailable"
 
 
 def digest_of(data: bytes) -> str:

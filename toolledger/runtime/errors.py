@@ -105,6 +105,8 @@ class ToolArgumentsError(ToolCallError, ValueError):
 class ToolArgumentsTooLarge(ToolArgumentsError):
     """The arguments are larger than toolledger records; nothing was reserved or run."""
 
+    code = "arguments_too_large"
+
     def __init__(self, *, key: str, tool: str, size: int, limit: int) -> None:
         ToolCallError.__init__(
             self,
@@ -197,6 +199,8 @@ class ToolCallContested(ToolCallIndeterminate):
     of unknown calls (an `AgentRun` under `on_indeterminate: pause`) treats it the same way.
     """
 
+    code = "call_contested"
+
     def __init__(self, record: CallRecord, *, tool: str | None = None) -> None:
         name = tool or record.tool
         who: str = record.settled_by or "nobody"
@@ -223,6 +227,8 @@ class ToolResultUnrecordable(ToolCallIndeterminate):
     A `ToolCallIndeterminate`: the effect may well have happened, so nothing runs it again, and
     an `AgentRun` under `on_indeterminate: pause` pauses on it like on any unknown call.
     """
+
+    code = "result_unrecordable"
 
     def __init__(self, record: CallRecord, *, tool: str, why: str) -> None:
         ToolCallError.__init__(
