@@ -22,6 +22,7 @@ from toolledger.drill.killpoints import KillPlan
 from toolledger.drill.model import TENANT, next_turn, tool_for
 from toolledger.drill.operator import ListingChecks
 from toolledger.drill.reset import ResetEvidence, judge_reset
+from toolledger.errors import ExitStatus
 from toolledger.events.fold import HistoryEntry
 from toolledger.events.records import CallRecord, RunRecord
 from toolledger.projections.store import LedgerSnapshot
@@ -308,8 +309,8 @@ def test_a_runtime_worker_killed_at_no_known_point_is_a_violation() -> None:
 def _reset(**changes: object) -> set[str]:
     healthy = ResetEvidence(
         stopped=[True, True],
-        projector_codes=[3, 3],
-        late_code=3,
+        projector_codes=[ExitStatus.LOG_MISMATCH, ExitStatus.LOG_MISMATCH],
+        late_code=ExitStatus.LOG_MISMATCH,
         probe={"run": "probe-after-reset", "status": "unavailable", "detail": "no verdict"},
         requests_before=7,
         requests_after=7,
@@ -325,7 +326,7 @@ def test_each_broker_reset_check_fails_when_what_must_follow_a_reset_does_not() 
     stops = "broker reset stops the projectors"
     closed = "runtimes fail closed after a broker reset"
     assert _reset() == set()
-    assert _reset(stopped=[True, False], projector_codes=[3, None]) == {stops}
+    assert _reset(stopped=[True, False], projector_codes=[ExitStatus.LOG_MISMATCH, None]) == {stops}
     assert _reset(late_code=None) == {stops}
     assert _reset(stopped=[]) == {stops}
     assert _reset(probe={"run": "probe-after-reset", "status": "completed"}) == {closed}
