@@ -22,7 +22,6 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
 
 from benchmarks._runtime import RUNS, RunningLedger, check_books, noop, running_ledger
 from benchmarks._support import Row, Scratch, median, percentile, say
@@ -46,16 +45,7 @@ def floor_reservation(running: RunningLedger, n: int) -> CallReserved:
     ledger = running.ledger
     run_id = f"floor{n}"
     who = CallIdentity(run_id, "c1", "bench", call_key(run_id, "c1"))
-    prepared = noop.prepare({"n": n})
-    now = ledger.clock()
-    return CallReserved(
-        **ledger.envelope(who, now),
-        tool=noop.name,
-        effect=noop.effect.kind,
-        args_digest=prepared.digest,
-        arguments_json=prepared.arguments_json,
-        deadline=now + timedelta(seconds=noop.budget),
-    )
+    return ledger.protocol.reservation(noop, noop.prepare({"n": n}), who)
 
 
 async def _round_trip(running: RunningLedger, n: int) -> float:

@@ -13,7 +13,7 @@ would fold an old log differently.
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import assert_never
 
 from toolledger.events.models import (
@@ -52,6 +52,27 @@ from toolledger.events.signing import VerifyKeys
 #: How long after a reservation's deadline a `started` call may be settled by someone other than
 #: its runtime. Covers clock skew between the runtime that set the deadline and whoever settles.
 CLOCK_SKEW_GRACE = timedelta(seconds=5)
+
+
+def open_until(call: CallRecord) -> datetime:
+    """Until when a `started` call may still be running: its deadline plus `CLOCK_SKEW_GRACE`."""
+    return call.deadline + CLOCK_SKEW_GRACE
+
+
+def may_still_run(call: CallRecord, at: datetime) -> bool:
+    """Whether `call` may still be running at `at`: it is `started` and not past `open_until`.
+
+    While it may, only its own runtime settles it: a reconcile finding `failed` and an
+    operator's resolution are rejected (`before_deadline`), a replay answers "in progress".
+    """
+    return call.status == "started" and at <= open_until(call)
+
+
+def lapsed_before(now: datetime) -> datetime:
+    """The deadline before which a `started` call no longer may run at `now` (`may_still_run`
+    as a bound on stored deadlines, for the queries that list or count such calls)."""
+    return now - CLOCK_SKEW_GRACE
+
 
 _FINISHED = frozenset({"completed", "failed", "cancelled"})
 
@@ -397,14 +418,12 @@ def _reconcile_finding(d: _Decision, e: CallCompleted | CallFailed | ReconcileAt
             "version_mismatch",
             f"{e.key} is at version {call.version}, the finding expected {e.expected_version}",
         )
-    if isinstance(e, CallFailed) and call.status == "started":
-        open_until = call.deadline + CLOCK_SKEW_GRACE
-        if e.occurred_at <= open_until:
-            return d.reject(
-                "before_deadline",
-                f"{e.key} may still be running until {open_until.isoformat()}; it cannot be "
-                "settled failed before then",
-            )
+    if isinstance(e, CallFailed) and may_still_run(call, e.occurred_at):
+        return d.reject(
+            "before_deadline",
+            f"{e.key} may still be running until {open_until(call).isoformat()}; it cannot be "
+            "settled failed before then",
+        )
     match e:
         case CallCompleted():
             new = d.update_call(
@@ -483,12 +502,11 @@ def _operator(
         who |= {"contested": False, "contested_evidence": None}
     match e:
         case CallResolved():
-            open_until = call.deadline + CLOCK_SKEW_GRACE
-            if call.status == "started" and e.occurred_at <= open_until:
+            if may_still_run(call, e.occurred_at):
                 return d.reject(
                     "before_deadline",
                     f"{e.key} is started and may still be running; resolve it after "
-                    f"{open_until.isoformat()}",
+                    f"{open_until(call).isoformat()}",
                 )
             if e.outcome == "completed":
                 new = d.update_call(

@@ -1,13 +1,14 @@
 """Recording what happened: outcome events, background appends, and outcomes acknowledged early.
 
-Three small pieces `Ledger` needs once a tool has run, kept apart from its control flow:
+Three small pieces the call protocol (`toolledger.runtime.protocol`) and `Ledger` need once a
+tool has run, kept apart from their control flow:
 
 - `outcome_event` turns the executor's answer into the request the decider folds.
 - `BackgroundAppends` keeps the tasks that append what must land whether or not anybody still
   waits for it: the `abandoned` of a reservation whose verdict never came (or whose caller was
   cancelled while waiting), and every outcome, so that a caller cancelled after its tool ran
   does not take the outcome down with it. They are kept referenced (an unreferenced task can
-  be collected mid-flight) and `Ledger.close()` gives them a moment to land.
+  be collected mid-flight) and closing gives them a moment to land.
 - `AckedOutcomes` remembers outcomes returned on Kafka's acknowledgement, before the projector
   folded them. Without it, this process replaying such a key a millisecond later would read
   `started` and answer "in progress" for a call it just completed; with it, it awaits that
@@ -23,17 +24,18 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Coroutine
-from typing import Any
+from typing import Any, TypeVar
 
 from toolledger.events.models import CallCompleted, CallFailed, CallIndeterminate
 from toolledger.events.payloads import bounded_text
-from toolledger.runtime.access import Envelope
 from toolledger.runtime.executor import Attempted, Completed, Indeterminate
+from toolledger.runtime.port import Envelope
 
 log = logging.getLogger("toolledger.runtime")
 
 
 Outcome = CallCompleted | CallFailed | CallIndeterminate
+T = TypeVar("T")
 
 
 def outcome_event(envelope: Envelope, reservation_id: uuid.UUID, ended: Attempted) -> Outcome:
@@ -75,9 +77,9 @@ class BackgroundAppends:
     """Tasks appending events nobody awaits, kept until they finish."""
 
     def __init__(self) -> None:
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
 
-    def spawn(self, work: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+    def spawn(self, work: Coroutine[Any, Any, T], name: str) -> asyncio.Task[T]:
         task = asyncio.get_running_loop().create_task(work, name=f"toolledger: {name}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

@@ -10,9 +10,10 @@ rules, in the order `Ledger.call` applies them:
 - `failed` or `approved`: nothing to answer here; the call reserves again and runs;
 - `awaiting_approval`: `ToolCallAwaitingApproval`;
 - `started` or `indeterminate`: nobody knows whether it took effect. If the tool has a reconcile
-  hook it is asked first: `completed` is recorded (source `reconcile`) and its result returned,
-  as if the crash never happened; `failed` is recorded only when the decider would accept it
-  (the call is `indeterminate`, or `started` past its deadline plus the clock-skew grace);
+  hook it is asked first (`toolledger.runtime.reconcile`, the reconciler's rule): `completed`
+  is recorded (source `reconcile`) and its result returned, as if the crash never happened;
+  `failed` is recorded only when the decider would accept it (the call is `indeterminate`, or
+  `started` past its deadline plus the clock-skew grace); an "unknown" is not recorded;
   otherwise the answer is `ToolCallInProgress` while a `started` call may still finish, and
   `ToolCallIndeterminate` after, naming the command that settles it.
 
@@ -27,15 +28,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from datetime import timedelta
 from typing import Any, TypeVar
 
-from toolledger.events.lifecycle import CLOCK_SKEW_GRACE
-from toolledger.events.models import CallCompleted, CallEvent, CallFailed
-from toolledger.events.payloads import bounded_text
+from toolledger.events.lifecycle import may_still_run, open_until
 from toolledger.events.records import CallRecord, Verdict
-from toolledger.runtime.access import LedgerAccess
-from toolledger.runtime.context import ToolContext
 from toolledger.runtime.errors import (
     KeyConflictError,
     RunQuarantined,
@@ -48,7 +44,9 @@ from toolledger.runtime.errors import (
 )
 from toolledger.runtime.executor import CallIdentity
 from toolledger.runtime.outcome import ToolOutcome, recorded_outcome, settled_outcome
-from toolledger.runtime.tools import PreparedCall, ReconcileOutcome, Tool
+from toolledger.runtime.protocol import CallProtocol
+from toolledger.runtime.reconcile import ask_hook, finding_for, settles
+from toolledger.runtime.tools import PreparedCall, Tool
 
 log = logging.getLogger("toolledger.runtime")
 
@@ -59,7 +57,7 @@ SETTLE_POLL_S = 0.05
 
 
 async def replay_known(
-    io: LedgerAccess,
+    protocol: CallProtocol,
     tool: Tool[Any, T],
     prepared: PreparedCall,
     who: CallIdentity,
@@ -75,77 +73,31 @@ async def replay_known(
     if record.status in ("failed", "approved"):
         return None
     if record.status in ("started", "indeterminate"):
-        return await _reconcile(io, tool, who, record)
+        return await _reconcile(protocol, tool, who, record)
     return settled_outcome(tool, record, replayed=True)
 
 
 async def _reconcile(
-    io: LedgerAccess, tool: Tool[Any, T], who: CallIdentity, record: CallRecord
+    protocol: CallProtocol, tool: Tool[Any, T], who: CallIdentity, record: CallRecord
 ) -> ToolOutcome[T]:
-    open_until = record.deadline + CLOCK_SKEW_GRACE
     if tool.reconcile is not None:
-        found = await _ask_hook(io, tool, who, record)
-        now = io.clock()
-        finding: CallEvent | None = None
-        envelope = io.envelope(who, now)
-        if found.status == "completed":
-            finding = CallCompleted(
-                **envelope,
-                reservation_id=record.reservation_id,
-                result_json=tool.dump_result(found.value),
-                result_reference=found.result_reference,
-                source="reconcile",
-                expected_version=record.version,
-            )
-        elif found.status == "failed" and (record.status == "indeterminate" or now > open_until):
-            finding = CallFailed(
-                **envelope,
-                reservation_id=record.reservation_id,
-                error=bounded_text(found.detail) or "the reconcile hook found no effect",
-                source="reconcile",
-                expected_version=record.version,
-            )
-        if finding is not None:
-            verdict = await io.settle(finding)
+        found = await ask_hook(tool, record, protocol.clock(), attempt=1)
+        finding = finding_for(record, tool, found, protocol.clock())
+        if settles(finding):
+            verdict = await protocol.settle(finding)
             if not verdict.accepted:
                 log.info("reconcile finding for %s not applied: %s", who.key, verdict.detail)
             record = verdict.call or record
             outcome = settled_outcome(tool, record, replayed=True)
             if outcome is not None:
                 return outcome
-    if record.status == "started" and io.clock() <= open_until:
-        raise ToolCallInProgress(key=who.key, tool=tool.name, open_until=open_until)
+    if may_still_run(record, protocol.clock()):
+        raise ToolCallInProgress(key=who.key, tool=tool.name, open_until=open_until(record))
     raise ToolCallIndeterminate(record, tool=tool.name)
 
 
-async def _ask_hook(
-    io: LedgerAccess, tool: Tool[Any, Any], who: CallIdentity, record: CallRecord
-) -> ReconcileOutcome:
-    """The hook's finding; a hook that fails or overruns the tool's timeout knows nothing."""
-    assert tool.reconcile is not None
-    context = ToolContext(
-        run_id=who.run_id,
-        tool_call_id=who.tool_call_id,
-        tenant_id=who.tenant_id,
-        attempt=1,
-        deadline=io.clock() + timedelta(seconds=tool.timeout),
-        tool=tool.name,
-        idempotency_key=who.key,
-    )
-    try:
-        async with asyncio.timeout(tool.timeout):
-            found = await tool.reconcile(record, context)
-    except Exception as exc:
-        log.warning("reconcile hook of %s failed for %s (%r); unknown", tool.name, who.key, exc)
-        return ReconcileOutcome(status="unknown", detail=f"the hook failed: {exc!r}")
-    if not isinstance(found, ReconcileOutcome):
-        log.warning("reconcile hook of %s returned %r, not a ReconcileOutcome", tool.name, found)
-        return ReconcileOutcome(status="unknown", detail="the hook returned no ReconcileOutcome")
-    return found
-
-
 async def lost_reservation(
-    io: LedgerAccess,
+    protocol: CallProtocol,
     tool: Tool[Any, T],
     prepared: PreparedCall,
     who: CallIdentity,
@@ -164,7 +116,7 @@ async def lost_reservation(
         case "held" if record is not None:
             if run_version is not None:
                 raise RunSuperseded(key=who.key, tool=tool.name, detail=verdict.detail)
-            return await _await_settled(io, tool, record)
+            return await _await_settled(protocol, tool, record)
         case "stale_driver" | "missing_run_version" | "unknown_run" | "run_finished":
             raise RunSuperseded(key=who.key, tool=tool.name, detail=verdict.detail)
         case "contested" if record is not None:
@@ -181,17 +133,15 @@ async def lost_reservation(
 
 
 async def _await_settled(
-    io: LedgerAccess, tool: Tool[Any, T], record: CallRecord
+    protocol: CallProtocol, tool: Tool[Any, T], record: CallRecord
 ) -> ToolOutcome[T]:
     """Wait (up to the verdict timeout) for another holder's call to settle; its answer."""
-    give_up = time.monotonic() + io.verdict_timeout
+    give_up = time.monotonic() + protocol.policy.verdict_timeout
     while True:
         outcome = settled_outcome(tool, record, replayed=True)
         if outcome is not None:
             return outcome
         if time.monotonic() >= give_up:
-            raise ToolCallInProgress(
-                key=record.key, tool=tool.name, open_until=record.deadline + CLOCK_SKEW_GRACE
-            )
+            raise ToolCallInProgress(key=record.key, tool=tool.name, open_until=open_until(record))
         await asyncio.sleep(SETTLE_POLL_S)
-        record = await io.read_call(record.key) or record
+        record = await protocol.port.read_call(record.key) or record
