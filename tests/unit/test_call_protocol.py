@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from tests.integration.procs import until
 from toolledger import Ledger, ToolContext, ToolExecutionRecord, Toolset, external
 from toolledger.api.compensation import RuntimeCompensator
 from toolledger.api.errors import Unavailable
@@ -113,13 +114,11 @@ def restart_projector(stack: LedgerStack) -> None:
 
 
 async def settled(ledger: Ledger, key: str, status: str) -> CallRecord:
-    give_up = time.monotonic() + 5
-    while True:
+    async def check() -> CallRecord | None:
         record = await ledger.stack.store.get_call(key)
-        if record is not None and record.status == status:
-            return record
-        assert time.monotonic() < give_up, f"{key} never became {status}: {record}"
-        await asyncio.sleep(0.01)
+        return record if record is not None and record.status == status else None
+
+    return await until(check, timeout=5, what=f"{key} to become {status}")
 
 
 async def charged(ledger: Ledger, tool: Any, run_id: str = "r1") -> CallRecord:

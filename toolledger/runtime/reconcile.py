@@ -24,13 +24,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from datetime import datetime, timedelta
-from typing import Any, TypedDict, TypeGuard, assert_never
+from typing import Any, TypeGuard, assert_never
 
 from toolledger.events.lifecycle import may_still_run, open_until
 from toolledger.events.models import CallCompleted, CallFailed, ReconcileAttempted
 from toolledger.events.payloads import bounded_text
 from toolledger.events.records import CallRecord
 from toolledger.runtime.context import ToolContext
+from toolledger.runtime.port import Envelope
 from toolledger.runtime.tools import ReconcileOutcome, Tool
 
 log = logging.getLogger("toolledger.reconcile")
@@ -38,19 +39,11 @@ log = logging.getLogger("toolledger.reconcile")
 Finding = CallCompleted | CallFailed | ReconcileAttempted
 
 
-class _Envelope(TypedDict):
-    key: str
-    run_id: str
-    tool_call_id: str
-    tenant_id: str
-    occurred_at: datetime
-
-
 def finding_for(
     record: CallRecord, tool: Tool[Any, Any], found: ReconcileOutcome, now: datetime
 ) -> Finding:
     """The request that records what the hook found about `record`, at `now`."""
-    envelope: _Envelope = {
+    envelope: Envelope = {
         "key": record.key,
         "run_id": record.run_id,
         "tool_call_id": record.tool_call_id,
