@@ -34,11 +34,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from types import TracebackType
-from typing import Any
+from typing import Any, NamedTuple
 
 from toolledger.events.log import RecordTooLarge
 from toolledger.events.models import CallAbandoned, CallEvent, CallReserved
@@ -101,8 +100,7 @@ class WaitPolicy:
         return cls(verdict_timeout=verdict_timeout, outcome_wait=verdict_timeout)
 
 
-@dataclass(frozen=True, slots=True)
-class Landed:
+class Landed(NamedTuple):
     """An outcome that landed in the log: the tool's own, or the `indeterminate` recorded in
     its place (`unrecordable` then says why the tool's could not be)."""
 
@@ -168,22 +166,31 @@ class CallProtocol:
     async def reserve(self, reserved: CallReserved) -> Verdict:
         """Append `reserved` and await its verdict in one round trip, within the verdict
         timeout. `LedgerUnavailable`: nothing may run; the reservation is being abandoned."""
-        with _AbandonUnlessAnswered(self, reserved):
+        try:
             return await self.port.append_and_await(reserved, self.policy.verdict_timeout)
+        except (asyncio.CancelledError, LedgerUnavailable):
+            self.abandon(reserved)
+            raise
 
     async def append_reservation(self, reserved: CallReserved) -> None:
         """Append `reserved`, returning on Kafka's acknowledgement (its verdict not awaited)."""
-        with _AbandonUnlessAnswered(self, reserved):
+        try:
             await self.port.append(reserved, self.policy.verdict_timeout)
+        except (asyncio.CancelledError, LedgerUnavailable):
+            self.abandon(reserved)
+            raise
 
     async def await_reservation_verdict(
         self, reserved: CallReserved, timeout: float | None = None
     ) -> Verdict:
         """The verdict on an appended reservation, within `timeout` (default: the verdict
         timeout). `LedgerUnavailable`: the reservation is being abandoned."""
-        with _AbandonUnlessAnswered(self, reserved):
-            wait = self.policy.verdict_timeout if timeout is None else timeout
+        wait = self.policy.verdict_timeout if timeout is None else timeout
+        try:
             return await self.port.await_verdict(reserved.event_id, wait)
+        except (asyncio.CancelledError, LedgerUnavailable):
+            self.abandon(reserved)
+            raise
 
     def abandon(self, reserved: CallReserved) -> None:
         """Make sure a reservation whose verdict nobody will act on cannot start: `abandoned`
@@ -266,9 +273,9 @@ class CallProtocol:
 
     # -- appending what must land ---------------------------------------------------------------
 
-    async def _until_landed(self, event: CallEvent) -> None:
+    def _until_landed(self, event: CallEvent) -> Coroutine[Any, Any, None]:
         policy = self.policy
-        await self.port.append_until_landed(
+        return self.port.append_until_landed(
             event, each=policy.verdict_timeout, pause=policy.resend_every
         )
 
@@ -286,22 +293,3 @@ class CallProtocol:
             fallback = unrecordable_event(envelope(who, self.clock()), event, str(exc))
             await self._until_landed(fallback)
             return Landed(fallback, str(exc))
-
-
-class _AbandonUnlessAnswered:
-    """Abandons `reserved` if the step it guards fails or its caller is cancelled."""
-
-    __slots__ = ("_protocol", "_reserved")
-
-    def __init__(self, protocol: CallProtocol, reserved: CallReserved) -> None:
-        self._protocol = protocol
-        self._reserved = reserved
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(
-        self, _t: type[BaseException] | None, exc: BaseException | None, _tb: TracebackType | None
-    ) -> None:
-        if isinstance(exc, asyncio.CancelledError | LedgerUnavailable):
-            self._protocol.abandon(self._reserved)
