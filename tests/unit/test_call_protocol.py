@@ -4,7 +4,9 @@ A bounded policy (an operator's request) must give up on an outcome's verdict wi
 documented error, saying the outcome is in the log, and the outcome must still be applied; every
 policy must append an abandon until it lands, also when the log refuses the first tries (the
 compensator used to try once and drop it). Kafka being unreachable is the `LogError` the Kafka
-adapter raises, injected at the stack's events log, under the real commands and port.
+adapter raises, injected at the stack's events log, under the real commands and port. And the
+runtime must reach the ledger through its port only: `Ledger.stack` is kept for tests and the
+drill, never needed by a call or a run.
 """
 
 from __future__ import annotations
@@ -17,7 +19,17 @@ from typing import Any
 import pytest
 
 from tests.integration.procs import until
-from toolledger import Ledger, ToolContext, ToolExecutionRecord, Toolset, external
+from toolledger import (
+    AgentConfig,
+    AgentRun,
+    FinalAnswer,
+    Ledger,
+    ToolCallRequest,
+    ToolContext,
+    ToolExecutionRecord,
+    Toolset,
+    external,
+)
 from toolledger.api.compensation import RuntimeCompensator
 from toolledger.api.errors import Unavailable
 from toolledger.events.codec import decode
@@ -28,6 +40,7 @@ from toolledger.projections.ownership import MemoryPartitionLocks
 from toolledger.projections.projector import Projector
 from toolledger.runtime.executor import CallIdentity
 from toolledger.runtime.protocol import CallProtocol, OutcomeVerdictPending, WaitPolicy
+from toolledger.runtime.runs import ModelTurn
 from toolledger.stack import LedgerStack
 
 box = Toolset("proto")
@@ -218,3 +231,33 @@ async def test_the_reservation_steps_compose_into_a_flow_that_runs_before_the_ve
     outcome = await protocol.await_outcome_verdict(who.key, landed.event.event_id)
     assert outcome.accepted and outcome.call is not None
     assert outcome.call.status == "completed" and outcome.call.result_json == '"charged 7"'
+
+
+class _Unreachable:
+    """Stands in for `Ledger.stack`: any use of it by runtime code fails the test."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"runtime code reached ledger.stack.{name} instead of the port")
+
+
+async def test_an_agent_run_and_its_calls_need_nothing_but_the_runtime_port(
+    ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`Ledger.stack` is kept for tests and the drill; a run driven start to end, its twin
+    lookup, its checkpoints and a resume of the finished run must all go through the port."""
+
+    async def model(transcript: list[dict[str, Any]]) -> ModelTurn:
+        if any(message.get("role") == "tool" for message in transcript):
+            return FinalAnswer("charged")
+        return [ToolCallRequest("c1", charge.name, {"amount": 3})]
+
+    monkeypatch.setattr(ledger, "stack", _Unreachable())
+    agent = AgentConfig(name="cashier")
+    run = AgentRun(ledger, run_id="r9", tenant_id="acme", agent=agent, tools=box, model=model)
+    result = await run.start("charge 3")
+    assert result.status == "completed" and result.answer == "charged"
+    assert [m["content"] for m in result.transcript if m.get("role") == "tool"] == ['"charged 3"']
+    again = AgentRun(ledger, run_id="r9", tenant_id="acme", agent=agent, tools=box, model=model)
+    assert (await again.resume()).status == "completed"
+    record = await ledger.read_call("r9:c1")
+    assert record is not None and record.result_json == '"charged 3"'
