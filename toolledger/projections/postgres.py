@@ -14,8 +14,9 @@ transaction, in this order:
    exist once) folds the batch in Python, while `_Appender` COPYs the history and verdict rows
    decided so far: PostgreSQL works while Python folds.
 4. The changed calls go through a temporary table and one upsert, runs and dead letters through
-   `executemany`, and one statement sends `pg_notify(notify_channel, event_id)` for each new
-   verdict, in log order: a hint delivered on commit, never the truth.
+   `executemany`, and one statement sends a `pg_notify(notify_channel, ...)` for each new
+   verdict, in log order: delivered only on commit, it carries the committed verdict (or, one
+   too large for a payload, its event_id: a hint to read it).
 
 Statements are prepared once per connection (asyncpg's statement cache), and the pool does not
 reset sessions between uses (`_keep_session` says why that is safe). Every connection's
@@ -50,6 +51,7 @@ from toolledger.projections.batch_sql import (
     VERDICT_TYPES,
     SmallBatch,
     loaded,
+    notification,
 )
 from toolledger.projections.facts import Fact
 from toolledger.projections.gc_pause import gc_paused
@@ -126,9 +128,9 @@ _UPSERT_RUN = _upsert(
     f"VALUES ({', '.join(f'${i}' for i in range(1, len(_RUN_COLUMNS) + 1))})",
 )
 _VERDICT_COLUMNS = tuple(VERDICT_TYPES)
-# In log order: a waiter may see hints in the order the events were appended.
+# In log order: a waiter may see verdicts in the order the events were appended.
 _NOTIFY = (
-    "SELECT pg_notify($1, event_id::text) FROM verdicts "
+    f"SELECT pg_notify($1, {notification('event_id', 'verdict_json')}) FROM verdicts "  # noqa: S608
     'WHERE partition = $2 AND "offset" >= $3 AND "offset" < $4 ORDER BY "offset"'
 )
 _INSERT_DEAD_LETTER = (
@@ -370,7 +372,7 @@ class PostgresLedger(LedgerStore):
 
     @property
     def notify_channel(self) -> str:
-        """Where each committed verdict's event_id is announced (`LISTEN` on it)."""
+        """Where each committed verdict is announced (`LISTEN` on it; `verdicts` says how)."""
         return notify_channel_for(self._schema)
 
     async def start(self) -> None:
@@ -473,8 +475,7 @@ class PostgresLedger(LedgerStore):
             list(map(_run_values, outcome.runs)),
             list(map(_dead_values, outcome.dead_letters)),
         )
-        announce = [v.event_id for v in outcome.verdicts]
-        args = _SMALL.arguments(position, self.notify_channel, rows, announce)
+        args = _SMALL.arguments(position, self.notify_channel, rows)
         try:
             moved = await conn.fetchval(_SMALL.statement, *args)
         except asyncpg.LockNotAvailableError:
