@@ -1,10 +1,11 @@
 """Verdicts delivered by their notifications, against a real PostgreSQL.
 
-The projector's transaction announces each verdict with the verdict itself, which a waiter takes
+A small batch's statement announces each verdict with the verdict itself, which a waiter takes
 instead of reading the `verdicts` table (`toolledger.projections.verdicts` says why that is
-safe). These cases guard what that can get wrong, in both shapes of batch (one statement, or the
-COPY transaction): a delivered verdict that differs from the stored one, a verdict too large for
-a payload that fails the batch or is lost instead of read, and a notification nobody heard.
+safe); a large batch (catch-up) announces event_ids, on which waiters read. These cases guard
+what that can get wrong: a delivered verdict that differs from the stored one, a verdict too
+large for a payload that fails the batch or is lost instead of read, a catch-up's waiters left
+without a hint, and a notification nobody heard.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from toolledger.projections.verdicts import (
 )
 
 IDENTITY = LogIdentity("toolledger.events", uuid.uuid4(), 1)
-SHAPES = {"small": 1, "large": SMALL_BATCH + 1}
+LARGE = SMALL_BATCH + 1
 
 
 class _CountedReads(VerdictSource):
@@ -97,19 +98,12 @@ async def listening(pg_dsn: str, store: PostgresLedger) -> AsyncIterator[_Scene]
         await listener.close()
 
 
-def _padded(events: list[Event], shape: str) -> list[Event]:
-    """`events` after enough reservations of other runs to make a batch of `shape`."""
-    padding = [reserved(f"pad{i}", "c1") for i in range(SHAPES[shape] - len(events))]
-    return [*padding, *events]
-
-
-@pytest.mark.parametrize("shape", SHAPES)
 async def test_a_verdict_delivered_by_its_notification_equals_the_stored_one(
-    listening: _Scene, shape: str
+    listening: _Scene,
 ) -> None:
     """A waiter handed the notification's verdict must hold exactly what the `verdicts` table
     holds for that event, and must not have read the table to get it."""
-    events: list[Event] = _padded([reserved("r1", "c1"), reserved("r2", "c1")], shape)
+    events: list[Event] = [reserved("r1", "c1"), reserved("r2", "c1")]
     got = await listening.verdicts_of(events)
     stored = await listening.store.verdicts([e.event_id for e in events])
     assert got == [stored[e.event_id] for e in events]
@@ -117,9 +111,20 @@ async def test_a_verdict_delivered_by_its_notification_equals_the_stored_one(
     assert listening.reads.reads == 0
 
 
-@pytest.mark.parametrize("shape", SHAPES)
+async def test_a_large_batch_announces_event_ids_and_its_waiters_read_their_verdicts(
+    listening: _Scene,
+) -> None:
+    """A catch-up batch sends hints, not verdicts: each of its waiters must still get the
+    stored verdict, by a read the hint asks for."""
+    events: list[Event] = [reserved(f"r{i}", "c1") for i in range(LARGE)]
+    got = await listening.verdicts_of(events)
+    stored = await listening.store.verdicts([e.event_id for e in events])
+    assert got == [stored[e.event_id] for e in events]
+    assert listening.reads.reads >= 1
+
+
 async def test_a_verdict_too_large_for_a_payload_is_announced_by_its_event_id_and_read(
-    listening: _Scene, shape: str
+    listening: _Scene,
 ) -> None:
     """PostgreSQL refuses a payload of 8000 bytes: a verdict that big must neither fail the
     projector's batch nor be lost, but be announced by its event_id and read from the table.
@@ -131,7 +136,7 @@ async def test_a_verdict_too_large_for_a_payload_is_announced_by_its_event_id_an
     result = json.dumps("é" * 4500, ensure_ascii=False)
     big = completed(first, result=result)
     small = reserved("small", "c1")
-    events: list[Event] = _padded([big, small], shape)
+    events: list[Event] = [big, small]
     got = await listening.verdicts_of(events)
     stored = await listening.store.verdicts([e.event_id for e in events])
     assert got == [stored[e.event_id] for e in events]

@@ -13,9 +13,10 @@
   if it hits, rows, history, verdicts, dead letters, the offset and the notifications commit
   together, as that statement's own transaction.
 
-Both shapes announce each new verdict with `notification`: the verdict itself when it fits a
-notification payload (`toolledger.projections.verdicts` says why that is safe), else its
-event_id alone.
+A small batch announces each new verdict with the verdict itself when it fits a notification
+payload (`toolledger.projections.verdicts` says why that is safe), else with its event_id alone;
+its waiters are the ones a call's latency depends on. A large batch announces event_ids only
+(`toolledger.projections.postgres` says why).
 
 Loading before the compare-and-set is exact, not optimistic: a partition's rows only change in a
 statement whose CAS moves that partition's offset forward, offsets never move back, and the
@@ -184,7 +185,7 @@ def loaded(
     return calls, runs, decided, heads
 
 
-def notification(event_id: str, verdict_json: str) -> str:
+def _notification(event_id: str, verdict_json: str) -> str:
     """The SQL of a verdict's notification payload, from the SQL of its event_id and its JSON:
     `<event_id> <verdict JSON>`, or the event_id alone when that would not fit (PostgreSQL
     refuses a payload of `NOTIFY_PAYLOAD_LIMIT` bytes; the waiter then reads the verdict)."""
@@ -233,7 +234,7 @@ class SmallBatch:
         ids = first["verdicts"] + list(VERDICT_TYPES).index("event_id")
         texts = first["verdicts"] + list(VERDICT_TYPES).index("verdict_json")
         parts.append(
-            f"announced AS (SELECT pg_notify($4, {notification('v.id', 'v.text')}) "  # noqa: S608
+            f"announced AS (SELECT pg_notify($4, {_notification('v.id', 'v.text')}) "  # noqa: S608
             f"FROM unnest(${ids}::uuid[], ${texts}::text[]) AS v(id, text) "
             "WHERE EXISTS (SELECT FROM moved))"
         )

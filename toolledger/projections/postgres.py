@@ -14,9 +14,11 @@ transaction, in this order:
    exist once) folds the batch in Python, while `_Appender` COPYs the history and verdict rows
    decided so far: PostgreSQL works while Python folds.
 4. The changed calls go through a temporary table and one upsert, runs and dead letters through
-   `executemany`, and one statement sends a `pg_notify(notify_channel, ...)` for each new
-   verdict, in log order: delivered only on commit, it carries the committed verdict (or, one
-   too large for a payload, its event_id: a hint to read it).
+   `executemany`, and one statement sends `pg_notify(notify_channel, event_id)` for each new
+   verdict, in log order: a hint delivered on commit, on which waiters read their verdicts.
+   Only a small batch's notifications carry the verdicts themselves (`batch_sql`): a large one
+   is a catch-up, whose waiters are few, and copying thousands of verdicts into PostgreSQL's
+   notification queue would cost every catch-up batch a few microseconds per event.
 
 Statements are prepared once per connection (asyncpg's statement cache), and the pool does not
 reset sessions between uses (`_keep_session` says why that is safe). Every connection's
@@ -51,7 +53,6 @@ from toolledger.projections.batch_sql import (
     VERDICT_TYPES,
     SmallBatch,
     loaded,
-    notification,
 )
 from toolledger.projections.facts import Fact
 from toolledger.projections.gc_pause import gc_paused
@@ -128,9 +129,9 @@ _UPSERT_RUN = _upsert(
     f"VALUES ({', '.join(f'${i}' for i in range(1, len(_RUN_COLUMNS) + 1))})",
 )
 _VERDICT_COLUMNS = tuple(VERDICT_TYPES)
-# In log order: a waiter may see verdicts in the order the events were appended.
+# In log order: a waiter may see hints in the order the events were appended.
 _NOTIFY = (
-    f"SELECT pg_notify($1, {notification('event_id', 'verdict_json')}) FROM verdicts "  # noqa: S608
+    "SELECT pg_notify($1, event_id::text) FROM verdicts "
     'WHERE partition = $2 AND "offset" >= $3 AND "offset" < $4 ORDER BY "offset"'
 )
 _INSERT_DEAD_LETTER = (
