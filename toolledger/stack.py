@@ -94,7 +94,7 @@ class LedgerStack:
             MemoryPartitionLocks(),
             dlq=dlq,
             facts=FactsPublisher(facts),
-            on_verdicts=_hint_waiter(waiter),
+            on_verdicts=_deliver_to(waiter),
             fetch_wait_ms=50,
         )
         commands = LedgerCommands(events, waiter, store, limits)
@@ -207,11 +207,12 @@ class LedgerStack:
             await topic.close()
 
 
-def _hint_waiter(waiter: VerdictWaiter) -> VerdictSink:
-    """In-process projector -> waiter: no notifications needed, hint directly."""
+def _deliver_to(waiter: VerdictWaiter) -> VerdictSink:
+    """In-process projector -> waiter: the applied verdicts themselves, no notification and no
+    read (the sink hears of a batch only after the store applied it)."""
 
-    async def hint(_partition: int, verdicts: Sequence[Verdict]) -> None:
+    async def deliver(_partition: int, verdicts: Sequence[Verdict]) -> None:
         for verdict in verdicts:
-            waiter.hint(verdict.event_id)
+            waiter.deliver(verdict)
 
-    return hint
+    return deliver
