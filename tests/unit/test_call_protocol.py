@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import pytest
@@ -24,6 +24,7 @@ from toolledger import (
     AgentRun,
     FinalAnswer,
     Ledger,
+    ReconcileOutcome,
     ToolCallRequest,
     ToolContext,
     ToolExecutionRecord,
@@ -34,7 +35,7 @@ from toolledger.api.compensation import RuntimeCompensator
 from toolledger.api.errors import Unavailable
 from toolledger.events.codec import decode
 from toolledger.events.log import LogError, Position
-from toolledger.events.models import call_key
+from toolledger.events.models import CallIndeterminate, call_key
 from toolledger.events.records import CallRecord
 from toolledger.projections.ownership import MemoryPartitionLocks
 from toolledger.projections.projector import Projector
@@ -78,12 +79,20 @@ async def stamp(note: str, context: ToolContext) -> str:
 
 class RefusingLog:
     """The stack's events log, refusing every append (`LogError`) for `period` seconds once an
-    event of type `after` was appended; `refused` lists the types it refused."""
+    event of type `after` was appended (and calling `then`); `refused` lists what it refused."""
 
-    def __init__(self, stack: LedgerStack, *, after: str, period: float) -> None:
+    def __init__(
+        self,
+        stack: LedgerStack,
+        *,
+        after: str,
+        period: float,
+        then: Callable[[], object] = lambda: None,
+    ) -> None:
         self.append = stack.commands.events.append
         self.after = after
         self.period = period
+        self.then = then
         self.until = 0.0
         self.refused: list[str] = []
         stack.commands.events.append = self._append  # type: ignore[method-assign]
@@ -98,6 +107,7 @@ class RefusingLog:
         position = await self.append(key, value, headers)
         if event_type == self.after:
             self.until = time.monotonic() + self.period
+            self.then()
         return position
 
 
@@ -261,3 +271,68 @@ async def test_an_agent_run_and_its_calls_need_nothing_but_the_runtime_port(
     assert (await again.resume()).status == "completed"
     record = await ledger.read_call("r9:c1")
     assert record is not None and record.result_json == '"charged 3"'
+
+
+async def find_the_charge_as_its_outcome_lands(
+    record: ToolExecutionRecord, context: ToolContext
+) -> ReconcileOutcome:
+    """Finds the effect, while the call's own runtime records it unknown (a cancelled caller's
+    outcome landing in the background): the record moves on under the question."""
+    stack = stacks[0]
+    landed = CallIndeterminate(
+        key=record.key,
+        run_id=record.run_id,
+        tool_call_id=record.tool_call_id,
+        tenant_id=record.tenant_id,
+        reservation_id=record.reservation_id,
+        error="cancelled while the tool was running",
+    )
+    assert (await stack.commands.append_and_await(landed, 5)).accepted
+    return ReconcileOutcome(status="completed", value="charged 4")
+
+
+@box.tool(external(), reconcile=find_the_charge_as_its_outcome_lands)
+async def charge_found(amount: int, context: ToolContext) -> str:
+    return f"charged {amount}"
+
+
+async def test_a_replay_whose_finding_meets_a_moved_record_records_what_the_hook_found(
+    ledger: Ledger,
+) -> None:
+    """A resend read the call `started`; its hook found the effect while the first caller's
+    `indeterminate` landed. The finding, made for the version read, is rejected as stale; the
+    evidence of an effect still holds for the same reservation, so the replay must record it
+    against the record as it now is, not answer "unknown" with the effect found."""
+    who = CallIdentity("r3", "c1", "acme", "r3:c1")
+    prepared = charge_found.prepare({"amount": 4})
+    assert (
+        await ledger.protocol.reserve(ledger.protocol.reservation(charge_found, prepared, who))
+    ).accepted
+    outcome = await ledger.call(
+        charge_found, run_id="r3", tool_call_id="c1", tenant_id="acme", arguments={"amount": 4}
+    )
+    assert outcome.status == "completed" and outcome.value == "charged 4" and outcome.replayed
+    record = await settled(ledger, who.key, "completed")
+    assert record.settled_by == "reconcile"
+
+
+async def test_a_resend_right_after_a_cancelled_reservation_runs_the_call(ledger: Ledger) -> None:
+    """A caller cancelled while its reservation was being decided leaves the call `started`
+    until its abandon lands (here the log refuses it for a while). A resend through the same
+    process meanwhile must wait for that abandon and run the call, not answer "in progress"
+    for a call this process knows it never ran."""
+    arguments = {"amount": 6}
+    first = asyncio.ensure_future(
+        ledger.call(charge, run_id="r4", tool_call_id="c1", tenant_id="acme", arguments=arguments)
+    )
+    refusing = RefusingLog(ledger.stack, after="call_reserved", period=1.0, then=first.cancel)
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    await settled(ledger, "r4:c1", "started")
+    outcome = await ledger.call(
+        charge, run_id="r4", tool_call_id="c1", tenant_id="acme", arguments=arguments
+    )
+    assert outcome.status == "completed" and not outcome.replayed
+    assert refusing.refused[0] == "call_abandoned"
+    history = [e.event_type for e in await ledger.stack.store.history("r4:c1")]
+    assert history == ["call_reserved", "call_abandoned", "call_reserved", "call_completed"]

@@ -62,7 +62,6 @@ from toolledger.runtime.outcome import ToolOutcome, own_outcome, settled_outcome
 from toolledger.runtime.pauses import resumable_runs
 from toolledger.runtime.port import RuntimePort
 from toolledger.runtime.protocol import CallProtocol, WaitPolicy
-from toolledger.runtime.recording import AckedOutcomes
 from toolledger.runtime.stack_port import StackPort
 from toolledger.runtime.tools import PreparedCall, Tool
 from toolledger.runtime.tracing import CallTrace
@@ -96,7 +95,6 @@ class Ledger:
         self.port: RuntimePort = StackPort(stack)
         self.protocol = CallProtocol(self.port, WaitPolicy.runtime(verdict_timeout), clock=clock)
         self._owns_stack = owns_stack
-        self._acked = AckedOutcomes()
 
     @classmethod
     async def memory(
@@ -257,7 +255,7 @@ class Ledger:
             raise ToolArgumentsTooLarge(key=who.key, tool=tool.name, size=size, limit=limit)
         record = await self.port.read_call(who.key)
         if record is not None:
-            record = await self._own_acked_outcome(record)
+            record = await self._own_write(record)
             known = await replay.replay_known(self.protocol, tool, prepared, who, record)
             if known is not None:
                 return known
@@ -314,7 +312,7 @@ class Ledger:
         event = landed.event
         if not isinstance(ended, Indeterminate) and self.clock() < reserved.deadline:
             # Inside the deadline nobody else may settle the call: the verdict can only agree.
-            self._acked.remember(who.key, reserved.reservation_id, event.event_id)
+            self.protocol.own_writes.remember(who.key, reserved.reservation_id, event.event_id)
             return own_outcome(tool, who.key, ended)
         verdict = await self.protocol.await_outcome_verdict(who.key, event.event_id)
         truth = verdict.call
@@ -350,14 +348,16 @@ class Ledger:
             raise unsettled_error(tool.name, truth)
         return outcome
 
-    async def _own_acked_outcome(self, record: CallRecord) -> CallRecord:
-        """Read-your-writes: a `started` record whose outcome this process already appended
-        (and returned on acknowledgement) is answered by that outcome's verdict."""
-        event_id = self._acked.get(record.key, record.reservation_id)
+    async def _own_write(self, record: CallRecord) -> CallRecord:
+        """Read-your-writes: a `started` record this process already appended an outcome or an
+        abandon for (returned on acknowledgement, or landing in the background) is answered by
+        that event's verdict."""
+        own = self.protocol.own_writes
+        event_id = own.get(record.key, record.reservation_id)
         if event_id is None or record.status != "started":
             return record
         verdict = await self.protocol.await_outcome_verdict(record.key, event_id)
-        self._acked.forget(record.key)
+        own.forget(record.key)
         return verdict.call or record
 
     def resumable_runs(

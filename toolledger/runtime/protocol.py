@@ -49,6 +49,7 @@ from toolledger.runtime.port import RuntimePort, envelope
 from toolledger.runtime.recording import (
     BackgroundAppends,
     Outcome,
+    OwnWrites,
     outcome_event,
     unrecordable_event,
 )
@@ -117,6 +118,8 @@ class CallProtocol:
         self.port = port
         self.policy = policy
         self.clock = clock
+        #: What this process appended that may not be folded yet (read-your-writes).
+        self.own_writes = OwnWrites()
         self._background = BackgroundAppends()
         self._closing = False
 
@@ -200,6 +203,7 @@ class CallProtocol:
         abandon = CallAbandoned(
             **envelope(who, self.clock()), reservation_id=reserved.reservation_id
         )
+        self.own_writes.remember(reserved.key, reserved.reservation_id, abandon.event_id)
         self._background.spawn(self._until_landed(abandon), f"abandon {reserved.key}")
 
     # -- 2. execute ---------------------------------------------------------------------------
@@ -241,6 +245,7 @@ class CallProtocol:
     ) -> None:
         """Record how the tool ended for a caller that no longer waits (it was cancelled)."""
         event = outcome_event(envelope(who, self.clock()), reserved.reservation_id, ended)
+        self.own_writes.remember(who.key, reserved.reservation_id, event.event_id)
         self._background.spawn(self._land(who, event), f"outcome of {who.key}")
 
     async def await_outcome_verdict(self, key: str, event_id: uuid.UUID) -> Verdict:
@@ -291,5 +296,6 @@ class CallProtocol:
                 "the outcome of %s cannot be recorded (%s); recording it unknown", who.key, exc
             )
             fallback = unrecordable_event(envelope(who, self.clock()), event, str(exc))
+            self.own_writes.replace(who.key, event.event_id, by=fallback.event_id)
             await self._until_landed(fallback)
             return Landed(fallback, str(exc))

@@ -9,10 +9,12 @@ tool has run, kept apart from their control flow:
   cancelled while waiting), and every outcome, so that a caller cancelled after its tool ran
   does not take the outcome down with it. They are kept referenced (an unreferenced task can
   be collected mid-flight) and closing gives them a moment to land.
-- `AckedOutcomes` remembers outcomes returned on Kafka's acknowledgement, before the projector
-  folded them. Without it, this process replaying such a key a millisecond later would read
-  `started` and answer "in progress" for a call it just completed; with it, it awaits that
-  outcome's verdict instead. It is bounded: a process more than `limit` calls ahead of its
+- `OwnWrites` remembers what this process appended for a key that the projector may not have
+  folded yet: an outcome returned on Kafka's acknowledgement, and what is being appended in
+  the background (an abandon, a cancelled caller's outcome). Without it, this process
+  replaying such a key a millisecond later would read `started` and answer "in progress" for
+  a call it just completed, or "unknown" for one it knows it never ran; with it, it awaits that
+  event's verdict instead. It is bounded: a process more than `limit` calls ahead of its
   projector falls back to the honest "in progress".
 """
 
@@ -110,8 +112,8 @@ class BackgroundAppends:
         await asyncio.gather(*late, return_exceptions=True)
 
 
-class AckedOutcomes:
-    """key -> (reservation_id, outcome event_id) of outcomes returned on acknowledgement."""
+class OwnWrites:
+    """key -> (reservation_id, event_id) of this process's latest event for the key."""
 
     def __init__(self, limit: int = 10_000) -> None:
         self._limit = limit
@@ -124,9 +126,15 @@ class AckedOutcomes:
             self._entries.popitem(last=False)
 
     def get(self, key: str, reservation_id: uuid.UUID) -> uuid.UUID | None:
-        """The outcome event_id appended for this reservation of `key`, if remembered."""
+        """The event_id appended for this reservation of `key`, if remembered."""
         entry = self._entries.get(key)
         return entry[1] if entry is not None and entry[0] == reservation_id else None
+
+    def replace(self, key: str, event_id: uuid.UUID, by: uuid.UUID) -> None:
+        """Remember `by` instead of `event_id` (an outcome replaced by another), if it is it."""
+        entry = self._entries.get(key)
+        if entry is not None and entry[1] == event_id:
+            self._entries[key] = (entry[0], by)
 
     def forget(self, key: str) -> None:
         self._entries.pop(key, None)

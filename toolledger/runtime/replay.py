@@ -13,9 +13,11 @@ rules, in the order `Ledger.call` applies them:
   hook it is asked first (`toolledger.runtime.reconcile`, the reconciler's rule): `completed`
   is recorded (source `reconcile`) and its result returned, as if the crash never happened;
   `failed` is recorded only when the decider would accept it (the call is `indeterminate`, or
-  `started` past its deadline plus the clock-skew grace); an "unknown" is not recorded;
-  otherwise the answer is `ToolCallInProgress` while a `started` call may still finish, and
-  `ToolCallIndeterminate` after, naming the command that settles it.
+  `started` past its deadline plus the clock-skew grace); an "unknown" is not recorded; an
+  effect found while the record moved on (its runtime's own outcome landed meanwhile) is
+  recorded against the new version; otherwise the answer is `ToolCallInProgress` while a
+  `started` call may still finish, and `ToolCallIndeterminate` after, naming the command that
+  settles it.
 
 A reservation the decider rejected is told the truth too (`lost_reservation`): "held" means
 another reservation of the key is running, so under run fencing this driver is superseded, and
@@ -54,6 +56,8 @@ T = TypeVar("T")
 
 #: How often a call that lost its reservation re-reads the key while waiting for it to settle.
 SETTLE_POLL_S = 0.05
+#: How many times an effect a hook found is recorded against a record that keeps moving on.
+FINDING_TRIES = 3
 
 
 async def replay_known(
@@ -81,19 +85,40 @@ async def _reconcile(
     protocol: CallProtocol, tool: Tool[Any, T], who: CallIdentity, record: CallRecord
 ) -> ToolOutcome[T]:
     if tool.reconcile is not None:
-        found = await ask_hook(tool, record, protocol.clock(), attempt=1)
-        finding = finding_for(record, tool, found, protocol.clock())
-        if settles(finding):
-            verdict = await protocol.settle(finding)
-            if not verdict.accepted:
-                log.info("reconcile finding for %s not applied: %s", who.key, verdict.detail)
-            record = verdict.call or record
-            outcome = settled_outcome(tool, record, replayed=True)
-            if outcome is not None:
-                return outcome
+        record = await _record_finding(protocol, tool, record)
+        outcome = settled_outcome(tool, record, replayed=True)
+        if outcome is not None:
+            return outcome
     if may_still_run(record, protocol.clock()):
         raise ToolCallInProgress(key=who.key, tool=tool.name, open_until=open_until(record))
     raise ToolCallIndeterminate(record, tool=tool.name)
+
+
+async def _record_finding(
+    protocol: CallProtocol, tool: Tool[Any, Any], record: CallRecord
+) -> CallRecord:
+    """Ask the hook about `record` and record what settles it; the record as it is after.
+
+    A finding is made for the version it was asked about. When the record moved on meanwhile
+    under the same reservation (its own runtime's `indeterminate` landed, say), an effect found
+    is still found, so it is recorded again against the new version; a "failed" is not: the
+    effect may have come after the hook looked.
+    """
+    found = await ask_hook(tool, record, protocol.clock(), attempt=1)
+    for _ in range(FINDING_TRIES):
+        finding = finding_for(record, tool, found, protocol.clock())
+        if not settles(finding):
+            return record
+        verdict = await protocol.settle(finding)
+        now = verdict.call
+        if verdict.accepted or now is None:
+            return now or record
+        log.info("reconcile finding for %s not applied: %s", record.key, verdict.detail)
+        still_holds = found.status == "completed" and verdict.reason == "version_mismatch"
+        if not still_holds or now.reservation_id != record.reservation_id:
+            return now
+        record = now
+    return record
 
 
 async def lost_reservation(
