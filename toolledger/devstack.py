@@ -426,7 +426,9 @@ async def _kafka_answers(bootstrap: str, seconds: float) -> bool:
         request_timeout_ms=int(seconds * 1000),
     )
     try:
-        await asyncio.wait_for(admin.start(), seconds)
+        # Bounded by the request timeout, never cancelled: aiokafka closes its bootstrap
+        # connection when its own timeout fires, but leaks it when cancelled mid-request.
+        await admin.start()
         await asyncio.wait_for(admin.describe_cluster(), seconds)
     except (KafkaError, OSError, TimeoutError):
         return False

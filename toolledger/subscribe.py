@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Collection
+from collections.abc import AsyncGenerator, AsyncIterator, Collection
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -134,10 +134,13 @@ async def subscribe_group(
     event_types: Collection[str] | None = None,
     accepted_only: bool = False,
     session_timeout_ms: int = 6000,
-) -> AsyncIterator[Fact]:
+) -> AsyncGenerator[Fact, None]:
     """Facts for a consumer group: starts where the group left off (the beginning the first
     time) and commits each record's offset once the caller asks for the fact after its last
-    one, so a crash redelivers at most the record (the pack of facts) being handled."""
+    one, so a crash redelivers at most the record (the pack of facts) being handled.
+
+    A caller that stops early should close it (`contextlib.aclosing`): the consumer then leaves
+    its group at once, not whenever the abandoned generator is collected."""
     _, bootstrap = settings.require_services()
     wanted = FactFilter(tenants, tools, event_types, accepted_only)
     seen = _Seen()
@@ -151,8 +154,8 @@ async def subscribe_group(
         session_timeout_ms=session_timeout_ms,
         heartbeat_interval_ms=max(session_timeout_ms // 3, 100),
     )
-    await consumer.start()
     try:
+        await consumer.start()
         while True:
             batches = await consumer.getmany(timeout_ms=100)
             for tp, records in batches.items():

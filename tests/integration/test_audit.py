@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
@@ -91,8 +92,8 @@ async def test_a_consumer_group_resumes_where_it_left_off(
     await _project(stack, *events)
     first: list[Fact] = []
     group = f"analytics-{settings.topic_prefix}"
-    async with asyncio.timeout(30):
-        async for fact in subscribe_group(settings, group):
+    async with asyncio.timeout(30), contextlib.aclosing(subscribe_group(settings, group)) as facts:
+        async for fact in facts:
             first.append(fact)
             if len(first) == 10:
                 break
@@ -101,8 +102,8 @@ async def test_a_consumer_group_resumes_where_it_left_off(
     expected = {e.event_id for e in [*events, *more]}
     handled = {f.verdict.event_id for f in first}
     again: list[Fact] = []
-    async with asyncio.timeout(30):
-        async for fact in subscribe_group(settings, group):
+    async with asyncio.timeout(30), contextlib.aclosing(subscribe_group(settings, group)) as facts:
+        async for fact in facts:
             again.append(fact)
             if handled | {f.verdict.event_id for f in again} >= expected:
                 break

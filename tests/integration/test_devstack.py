@@ -8,6 +8,8 @@ and nothing else.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import importlib.util
 import json
 import os
@@ -15,6 +17,8 @@ import stat
 import subprocess
 import sys
 import time
+import warnings
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import asyncpg
@@ -26,6 +30,7 @@ from toolledger.devstack import (
     DATABASE_URL_ENV,
     KAFKA_BOOTSTRAP_ENV,
     DevStack,
+    _kafka_answers,
     resolve_services,
 )
 from toolledger.events.signing import parse_signing_keys
@@ -229,3 +234,64 @@ def test_dev_up_makes_a_key_pair_once_and_prints_what_each_role_needs(
         down = run("down")
     assert down.returncode == 0, down.stderr
     assert key_file.exists(), "`down` must keep the key pair the ledger verifies with"
+
+
+@contextlib.asynccontextmanager
+async def _stalling_broker(bootstrap: str) -> AsyncIterator[str]:
+    """A proxy to the broker that passes each connection's first request (the handshake's
+    ApiVersions) and its answer, then swallows every later request: a broker that accepts a
+    client and then stalls, as a loaded or starting one does."""
+    host, _, port = bootstrap.rpartition(":")
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def relay(client: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(host, int(port))
+
+        async def answers() -> None:
+            while data := await up_reader.read(65536):
+                writer.write(data)
+
+        answering = asyncio.create_task(answers())
+        try:
+            size = await client.readexactly(4)
+            up_writer.write(size + await client.readexactly(int.from_bytes(size, "big")))
+            while await client.read(65536):
+                pass
+        finally:
+            answering.cancel()
+            await asyncio.gather(answering, return_exceptions=True)
+            for end in (up_writer, writer):
+                end.close()
+                with contextlib.suppress(OSError):
+                    await end.wait_closed()
+
+    def handle(client: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        tasks.add(asyncio.create_task(relay(client, writer)))
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    try:
+        yield f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    finally:
+        server.close()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await server.wait_closed()
+
+
+async def test_a_probe_of_a_stalling_broker_gives_up_without_leaving_a_connection_open(
+    kafka_bootstrap: str,
+) -> None:
+    """The probe gave up on a broker that stalled after the handshake by cancelling aiokafka's
+    bootstrap from outside, which leaks the bootstrap connection; it was collected during some
+    later test, which then failed on `Unclosed AIOKafkaConnection`. The probe must say no
+    within its bound and leave nothing open."""
+    async with _stalling_broker(kafka_bootstrap) as stalling:
+        started = time.monotonic()
+        assert not await _kafka_answers(stalling, 0.5)
+        took = time.monotonic() - started
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gc.collect()
+    assert [str(w.message) for w in caught if w.category is ResourceWarning] == []
+    assert took < 5, f"the probe took {took:.1f}s to give up"
