@@ -163,9 +163,9 @@ class Harness:
     tmp: Path
     settings: Settings | None = None
 
-    def new_ledger(self) -> Ledger:
+    def new_ledger(self, verdict_timeout: float = 5) -> Ledger:
         """Another runtime on the same ledger, remembering nothing (a fresh process)."""
-        return Ledger.from_stack(self.stack, verdict_timeout=5, clock=self.clock)
+        return Ledger.from_stack(self.stack, verdict_timeout=verdict_timeout, clock=self.clock)
 
     async def call(self, tool: Tool[Any, Any], call_id: str = "c1", **kw: Any) -> ToolOutcome[Any]:
         kw.setdefault("arguments", ARGS)
