@@ -67,6 +67,7 @@ from toolledger.events.models import (
 )
 from toolledger.projections.commands import LedgerCommands
 from toolledger.projections.store import LedgerStore
+from toolledger.runtime.stack_port import StackPort
 from toolledger.stack import LedgerStack
 
 KEYS = 4
@@ -454,6 +455,24 @@ class TestMemoryPipelined(PipelinedScenarios):
             down=lambda: monkeypatch.setattr(p.h.stack.events, "append", unreachable),
             up=lambda: monkeypatch.setattr(p.h.stack.events, "append", append),
         )
+
+    async def test_a_caller_cancelled_mid_tool_leaves_no_verdict_watch_behind(
+        self, p: Pipelined
+    ) -> None:
+        """A pipelined reservation's verdict is watched for from before its append; a caller
+        that goes away before awaiting it must not leave the watch (and its waiter entry)."""
+        await p.bind()
+        task = asyncio.create_task(p.h.call(credit_then_stall, "c1"))
+        await asyncio.wait_for(stall.entered.wait(), 10)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        port = p.h.ledger.port
+        assert isinstance(port, StackPort)
+        assert port._watched == {}
+        assert await p.h.ledger.wait_background(5)  # the cancelled call's outcome landed
+        record = await p.h.record("r1:c1", "indeterminate")
+        assert record.error == "cancelled while the tool was running"
 
 
 class TestKafkaPostgresPipelined(PipelinedScenarios):

@@ -14,9 +14,11 @@ while the tool runs:
 2. the run must be known to be bound to the caller's tenant and not known to be quarantined
    (`RunBindings`, below). A run bound to nobody yet (its first call) cannot be: only a verdict
    can say which tenant binds it first, so that call goes verdict-first;
-3. `reserved` is appended (`CallProtocol.append_reservation`); until Kafka acknowledges it,
-   nothing runs. No acknowledgement in time (or a cancelled caller): `abandoned` is appended in
-   the background and the call is `LedgerUnavailable`, not attempted, exactly as verdict-first;
+3. `reserved` is appended (`CallProtocol.append_reservation`, its verdict watched for from
+   before the append, so a verdict that comes while the tool runs is at hand when it ends);
+   until Kafka acknowledges it, nothing runs. No acknowledgement in time (or a cancelled
+   caller): `abandoned` is appended in the background and the call is `LedgerUnavailable`, not
+   attempted, exactly as verdict-first;
 4. the tool runs, its `context.idempotency_key` passed downstream (refused at declaration
    otherwise: `toolledger.runtime.tools`);
 5. its outcome is appended (`record`, landing in the background as always) while the
@@ -166,12 +168,16 @@ async def call(
             trace_context=phase.trace_context(),
         )
         try:
-            await protocol.append_reservation(reserved)
+            await protocol.append_reservation(reserved, watch=True)
         except LedgerUnavailable as exc:
             raise not_attempted(tool.name, who.key, exc) from exc
-    with traced.tool() as phase:
-        ended = await protocol.execute(tool, prepared, who, reserved)
-        phase.ended(ended)
+    try:
+        with traced.tool() as phase:
+            ended = await protocol.execute(tool, prepared, who, reserved)
+            phase.ended(ended)
+    except BaseException:
+        protocol.unwatch(reserved)
+        raise
     traced.ran(ended)
     with traced.outcome_phase() as phase:
         # Landing while the verdict is awaited; shielded inside, so it lands whatever happens

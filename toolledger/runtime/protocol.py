@@ -173,10 +173,25 @@ class CallProtocol:
         with _AbandonUnlessAnswered(self, reserved):
             return await self.port.append_and_await(reserved, self.policy.verdict_timeout)
 
-    async def append_reservation(self, reserved: CallReserved) -> None:
-        """Append `reserved`, returning on Kafka's acknowledgement (its verdict not awaited)."""
-        with _AbandonUnlessAnswered(self, reserved):
-            await self.port.append(reserved, self.policy.verdict_timeout)
+    async def append_reservation(self, reserved: CallReserved, *, watch: bool = False) -> None:
+        """Append `reserved`, returning on Kafka's acknowledgement (its verdict not awaited).
+
+        `watch`: its verdict is watched for from before the append (`RuntimePort.watch_verdict`),
+        for a caller that awaits it later (`await_verdict_after_running`) and must call
+        `unwatch` if it never does.
+        """
+        if watch:
+            self.port.watch_verdict(reserved.event_id)
+        try:
+            with _AbandonUnlessAnswered(self, reserved):
+                await self.port.append(reserved, self.policy.verdict_timeout)
+        except BaseException:
+            self.unwatch(reserved)
+            raise
+
+    def unwatch(self, reserved: CallReserved) -> None:
+        """Stop watching for the verdict of `reserved` (nothing if it was awaited already)."""
+        self.port.unwatch_verdict(reserved.event_id)
 
     async def await_reservation_verdict(
         self, reserved: CallReserved, timeout: float | None = None
