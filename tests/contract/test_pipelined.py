@@ -45,6 +45,7 @@ from tests.pipelined_tools import (
     credit_unreconciled,
     stall,
 )
+from tests.tracing_support import Spans
 from toolledger import (
     KeyConflictError,
     Ledger,
@@ -198,6 +199,28 @@ class PipelinedScenarios:
         assert outcome.status == "completed" and not outcome.replayed
         assert p.service.requests("r1:c1") == 1 and p.service.effects("r1:c1") == 1
         await patient.close()
+
+    async def test_a_pipelined_calls_span_puts_the_verdict_on_its_outcome_phase(
+        self, p: Pipelined, spans: Spans
+    ) -> None:
+        """The reserve phase ends on Kafka's acknowledgement; a trace that showed the verdict
+        there would claim the tool waited for it."""
+        await p.bind()
+        await p.h.call(credit, "c1")
+        call = next(
+            s
+            for s in spans.finished()
+            if s.name == "execute_tool pipelined.credit"
+            and (s.attributes or {}).get("gen_ai.tool.call.id") == "c1"
+        )
+        reserve, tool, outcome = spans.children(call)
+        assert [reserve.name, tool.name, outcome.name] == [
+            "toolledger.reserve",
+            "toolledger.tool",
+            "toolledger.outcome",
+        ]
+        assert "toolledger.verdict" not in (reserve.attributes or {})
+        assert (outcome.attributes or {}).get("toolledger.verdict") == "accepted"
 
     # -- the rejections -------------------------------------------------------------------------
 
