@@ -35,6 +35,8 @@ from tests.contract.runtime_harness import (
     FrozenCommands,
     Harness,
     answer_of,
+    kafka_settings,
+    late_completed,
 )
 from tests.fake_billing import Credit, FakeBilling, use_service
 from tests.integration.procs import Procs, until
@@ -50,7 +52,6 @@ from toolledger import (
     KeyConflictError,
     Ledger,
     LedgerUnavailable,
-    ProjectorSettings,
     RunQuarantined,
     RunSuperseded,
     TenantMismatchError,
@@ -61,7 +62,6 @@ from toolledger import (
 from toolledger.devstack import start_tansu, stop_service
 from toolledger.events.log import LogError, Position
 from toolledger.events.models import (
-    CallCompleted,
     CallResolved,
     RunCheckpointed,
     RunStarted,
@@ -312,16 +312,7 @@ class PipelinedScenarios:
             await h.call(credit_then_time_out, "c1")
         record = await h.record("r1:c1", "indeterminate")
         assert (await h.operator(CallResolved, record, outcome="failed")).accepted
-        late = CallCompleted(
-            key=record.key,
-            run_id=record.run_id,
-            tool_call_id=record.tool_call_id,
-            tenant_id=record.tenant_id,
-            occurred_at=h.clock(),
-            reservation_id=record.reservation_id,
-            result_json='{"credit_id":"cr_late"}',
-        )
-        assert (await h.append(late)).reason == "late_outcome"
+        await late_completed(h)
         with pytest.raises(ToolCallContested):
             await h.call(credit_then_time_out, "c1")
         assert p.service.requests("r1:c1") == 1
@@ -354,26 +345,20 @@ class PipelinedScenarios:
 
     # -- crashes --------------------------------------------------------------------------------
 
-    async def test_killed_after_the_ack_before_the_verdict_the_replay_gets_the_hooks_result(
-        self, p: Pipelined
+    @pytest.mark.parametrize(
+        ("at", "tool"),
+        [("tool", credit_then_stall), ("outcome", credit)],
+        ids=["after the ack before the verdict", "after the tool before the outcome"],
+    )
+    async def test_killed_mid_call_the_replay_gets_the_hooks_result(
+        self, p: Pipelined, at: str, tool: Tool[Any, Any]
     ) -> None:
-        """The credit was made and nothing else is known: the replay must not credit again."""
+        """The credit was made (the tool stalled after it, or returned and its outcome never
+        left) and nothing else is known: the replay must find it, never credit again."""
         await p.bind()
-        await self.crash(p, "tool", credit_then_stall)
+        await self.crash(p, at, tool)
         await p.h.record("r1:c1", "started")
-        outcome = await p.h.call(credit_then_stall, "c1")
-        assert outcome.replayed and outcome.settled_by == "reconcile"
-        assert outcome.value == await p.service.find_credit("r1:c1")
-        assert p.service.requests("r1:c1") == 1 and p.service.effects("r1:c1") == 1
-
-    async def test_killed_after_the_tool_before_the_outcome_the_replay_gets_the_hooks_result(
-        self, p: Pipelined
-    ) -> None:
-        """The tool returned and its outcome never left: one effect, found by the hook."""
-        await p.bind()
-        await self.crash(p, "outcome", credit)
-        await p.h.record("r1:c1", "started")
-        outcome = await p.h.call(credit, "c1")
+        outcome = await p.h.call(tool, "c1")
         assert outcome.replayed and outcome.settled_by == "reconcile"
         assert outcome.value == await p.service.find_credit("r1:c1")
         assert p.service.requests("r1:c1") == 1 and p.service.effects("r1:c1") == 1
@@ -606,15 +591,7 @@ async def _kafka_harness(
 ) -> AsyncIterator[Pipelined]:
     clock = Clock()
     service = use_service(FakeBilling(tmp_path / "billing.db"))
-    settings = ProjectorSettings(
-        database_url=pg_dsn,
-        kafka_bootstrap=bootstrap,
-        schema_name=schema,
-        topic_prefix=prefix + ".",
-        partitions=2,
-        verify_keys=SIGNING_KEY.verify_keys(),
-        verdict_timeout_s=5,
-    )
+    settings = kafka_settings(pg_dsn, bootstrap, schema, prefix)
     stack = await LedgerStack.connect(settings, run_projector=True)
     ledger = Ledger.from_stack(stack, verdict_timeout=5, clock=clock)
     hold = VerdictHold(stack.store)

@@ -68,7 +68,7 @@ from toolledger.runtime.protocol import CallProtocol, Landed, WaitPolicy
 from toolledger.runtime.recording import AckedOutcomes
 from toolledger.runtime.stack_port import StackPort
 from toolledger.runtime.tools import PreparedCall, Tool
-from toolledger.runtime.tracing import CallTrace
+from toolledger.runtime.tracing import CallTrace, Phase
 from toolledger.settings import ProjectorSettings, Settings, load_settings
 from toolledger.stack import LedgerStack
 
@@ -280,14 +280,7 @@ class Ledger:
     ) -> ToolOutcome[T]:
         protocol = self.protocol
         with traced.reserve() as phase:
-            reserved = protocol.reservation(
-                tool,
-                prepared,
-                who,
-                run_version=run_version,
-                warning=warning,
-                trace_context=phase.trace_context(),
-            )
+            reserved = self._reservation(tool, prepared, who, run_version, warning, phase)
             try:
                 verdict = await protocol.reserve(reserved)
             except LedgerUnavailable as exc:
@@ -306,6 +299,25 @@ class Ledger:
         traced.ran(ended)
         with traced.outcome_phase():
             return await self._record(tool, who, reserved, ended)
+
+    def _reservation(
+        self,
+        tool: Tool[Any, T],
+        prepared: PreparedCall,
+        who: CallIdentity,
+        run_version: int | None,
+        warning: str | None,
+        phase: Phase,
+    ) -> CallReserved:
+        """The call's reservation, carrying the reserve phase's trace context."""
+        return self.protocol.reservation(
+            tool,
+            prepared,
+            who,
+            run_version=run_version,
+            warning=warning,
+            trace_context=phase.trace_context(),
+        )
 
     async def _record(
         self, tool: Tool[Any, T], who: CallIdentity, reserved: CallReserved, ended: Attempted

@@ -159,14 +159,7 @@ async def call(
         return await ledger._reserve_and_run(tool, traced, prepared, who, run_version, warning)
     protocol = ledger.protocol
     with traced.reserve() as phase:
-        reserved = protocol.reservation(
-            tool,
-            prepared,
-            who,
-            run_version=run_version,
-            warning=warning,
-            trace_context=phase.trace_context(),
-        )
+        reserved = ledger._reservation(tool, prepared, who, run_version, warning, phase)
         try:
             await protocol.append_reservation(reserved, watch=True)
         except LedgerUnavailable as exc:
