@@ -23,6 +23,7 @@ from tests.fake_billing import Credit, FakeBilling
 from tests.fake_billing import service as billing_service
 from toolledger import (
     Ledger,
+    ProjectorSettings,
     Settings,
     Tool,
     ToolCallError,
@@ -36,7 +37,7 @@ from toolledger import (
     write,
 )
 from toolledger.events.log import Position
-from toolledger.events.models import Event, utcnow
+from toolledger.events.models import CallCompleted, Event, utcnow
 from toolledger.events.records import CallRecord, Verdict
 from toolledger.events.signing import SigningKey, sign
 from toolledger.projections.commands import LedgerCommands
@@ -163,9 +164,9 @@ class Harness:
     tmp: Path
     settings: Settings | None = None
 
-    def new_ledger(self) -> Ledger:
+    def new_ledger(self, verdict_timeout: float = 5) -> Ledger:
         """Another runtime on the same ledger, remembering nothing (a fresh process)."""
-        return Ledger.from_stack(self.stack, verdict_timeout=5, clock=self.clock)
+        return Ledger.from_stack(self.stack, verdict_timeout=verdict_timeout, clock=self.clock)
 
     async def call(self, tool: Tool[Any, Any], call_id: str = "c1", **kw: Any) -> ToolOutcome[Any]:
         kw.setdefault("arguments", ARGS)
@@ -199,6 +200,38 @@ class Harness:
             **fields,
         )
         return await self.append(sign(event, SIGNING_KEY))
+
+
+async def late_completed(h: Harness) -> None:
+    """r1:c1's own runtime reports, late, that the credit went through: a late outcome."""
+    record = await h.record("r1:c1")
+    verdict = await h.append(
+        CallCompleted(
+            key=record.key,
+            run_id=record.run_id,
+            tool_call_id=record.tool_call_id,
+            tenant_id=record.tenant_id,
+            occurred_at=h.clock(),
+            reservation_id=record.reservation_id,
+            result_json='{"credit_id":"cr_late"}',
+        )
+    )
+    assert (verdict.accepted, verdict.reason) == (False, "late_outcome")
+
+
+def kafka_settings(
+    pg_dsn: str, bootstrap: str, schema: str, topic_prefix: str
+) -> ProjectorSettings:
+    """One test's services, schema and topic prefix, 2 partitions, the harness's public key."""
+    return ProjectorSettings(
+        database_url=pg_dsn,
+        kafka_bootstrap=bootstrap,
+        schema_name=schema,
+        topic_prefix=topic_prefix + ".",
+        partitions=2,
+        verify_keys=SIGNING_KEY.verify_keys(),
+        verdict_timeout_s=5,
+    )
 
 
 def reset() -> None:

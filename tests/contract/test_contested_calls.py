@@ -21,11 +21,13 @@ from tests.contract.runtime_harness import (
     Harness,
     calls,
     credit_then_hang,
+    kafka_settings,
+    late_completed,
     reset,
 )
 from tests.fake_billing import FakeBilling, use_service
-from toolledger import Ledger, ProjectorSettings, ToolCallIndeterminate
-from toolledger.events.models import CallCompleted, CallResolved
+from toolledger import Ledger, ToolCallIndeterminate
+from toolledger.events.models import CallResolved
 from toolledger.projections.store import CallQuery
 from toolledger.runtime.errors import ToolCallContested
 from toolledger.stack import LedgerStack
@@ -36,30 +38,13 @@ def _reset() -> None:
     reset()
 
 
-async def _late_completed(h: Harness) -> None:
-    """The indeterminate call's own runtime reports, late, that the credit went through."""
-    record = await h.record("r1:c1")
-    verdict = await h.append(
-        CallCompleted(
-            key=record.key,
-            run_id=record.run_id,
-            tool_call_id=record.tool_call_id,
-            tenant_id=record.tenant_id,
-            occurred_at=h.clock(),
-            reservation_id=record.reservation_id,
-            result_json='{"credit_id":"cr_late"}',
-        )
-    )
-    assert (verdict.accepted, verdict.reason) == (False, "late_outcome")
-
-
 class ContestedScenarios:
     async def _operator_failed_then_late_completed(self, h: Harness) -> None:
         with pytest.raises(ToolCallIndeterminate):
             await h.call(credit_then_hang)
         record = await h.record("r1:c1", "indeterminate")
         assert (await h.operator(CallResolved, record, outcome="failed")).accepted
-        await _late_completed(h)
+        await late_completed(h)
 
     async def test_a_contested_call_is_not_run_again_and_the_error_names_what_happened(
         self, h: Harness
@@ -116,15 +101,7 @@ class TestKafkaPostgresContested(ContestedScenarios):
     ) -> AsyncIterator[Harness]:
         clock = Clock()
         service = use_service(FakeBilling(tmp_path / "billing.db"))
-        settings = ProjectorSettings(
-            database_url=pg_dsn,
-            kafka_bootstrap=kafka_bootstrap,
-            schema_name=pg_schema,
-            topic_prefix=topic_prefix + ".",
-            partitions=2,
-            verify_keys=SIGNING_KEY.verify_keys(),
-            verdict_timeout_s=5,
-        )
+        settings = kafka_settings(pg_dsn, kafka_bootstrap, pg_schema, topic_prefix)
         stack = await LedgerStack.connect(settings, run_projector=True)
         ledger = Ledger.from_stack(stack, verdict_timeout=5, clock=clock)
         yield Harness(ledger, stack, service, clock, tmp_path, settings)

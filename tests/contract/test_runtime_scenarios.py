@@ -41,6 +41,7 @@ from tests.contract.runtime_harness import (
     declined_credit,
     flaky_lookup,
     gate,
+    kafka_settings,
     large_credit,
     reset,
     slow_lookup,
@@ -58,7 +59,6 @@ from tests.fake_billing import (
 from toolledger import (
     KeyConflictError,
     Ledger,
-    ProjectorSettings,
     RunSuperseded,
     TenantMismatchError,
     Tool,
@@ -339,15 +339,7 @@ class TestKafkaPostgresRuntime(RuntimeScenarios):
     ) -> AsyncIterator[Harness]:
         clock = Clock()
         service = use_service(FakeBilling(tmp_path / "billing.db"))
-        settings = ProjectorSettings(
-            database_url=pg_dsn,
-            kafka_bootstrap=kafka_bootstrap,
-            schema_name=pg_schema,
-            topic_prefix=topic_prefix + ".",
-            partitions=2,
-            verify_keys=SIGNING_KEY.verify_keys(),
-            verdict_timeout_s=5,
-        )
+        settings = kafka_settings(pg_dsn, kafka_bootstrap, pg_schema, topic_prefix)
         stack = await LedgerStack.connect(settings, run_projector=True)
         ledger = Ledger.from_stack(stack, verdict_timeout=5, clock=clock)
         yield Harness(ledger, stack, service, clock, tmp_path, settings)

@@ -11,7 +11,10 @@ the flow of docs/architecture.md ("A call, step by step"):
 3. append `reserved` and await its verdict. No verdict in time: `abandoned` is appended in the
    background (retried until it lands) and the call fails closed with `LedgerUnavailable`,
    not attempted. A rejection is turned into the truth or an error by `replay.lost_reservation`;
-4. run the tool (`toolledger.runtime.executor`: attempts, timeouts, classification);
+4. run the tool (`toolledger.runtime.executor`: attempts, timeouts, classification). A
+   pipelined tool (`external(pipelined=True)`) composes steps 3 to 5 otherwise
+   (`toolledger.runtime.pipelined`): it runs once Kafka acknowledged its reservation, while
+   the verdict is awaited;
 5. append the outcome. Inside the reservation's deadline it returns on Kafka's acknowledgement
    (nobody else may settle the call before then, so the verdict can only agree); later, it
    awaits the verdict without ever giving up and returns the ledger's truth, which is an
@@ -48,23 +51,23 @@ from toolledger.events.payloads import PayloadLimits
 from toolledger.events.records import CallRecord, RunRecord
 from toolledger.events.signing import SigningKey
 from toolledger.projections.store import CallQuery
-from toolledger.runtime import replay
+from toolledger.runtime import pipelined, replay
 from toolledger.runtime.errors import (
     LedgerUnavailable,
     ToolArgumentsError,
     ToolArgumentsTooLarge,
     ToolCallAwaitingApproval,
     ToolResultUnrecordable,
-    call_label,
+    not_attempted,
 )
 from toolledger.runtime.executor import Attempted, CallIdentity, Indeterminate
 from toolledger.runtime.outcome import ToolOutcome, own_outcome, settled_outcome, unsettled_error
 from toolledger.runtime.pauses import resumable_runs
 from toolledger.runtime.port import RuntimePort
-from toolledger.runtime.protocol import CallProtocol, WaitPolicy
+from toolledger.runtime.protocol import CallProtocol, Landed, WaitPolicy
 from toolledger.runtime.stack_port import StackPort
 from toolledger.runtime.tools import PreparedCall, Tool
-from toolledger.runtime.tracing import CallTrace
+from toolledger.runtime.tracing import CallTrace, Phase
 from toolledger.settings import ProjectorSettings, Settings, load_settings
 from toolledger.stack import LedgerStack
 
@@ -95,6 +98,7 @@ class Ledger:
         self.port: RuntimePort = StackPort(stack)
         self.protocol = CallProtocol(self.port, WaitPolicy.runtime(verdict_timeout), clock=clock)
         self._owns_stack = owns_stack
+        self._runs = pipelined.RunBindings()
 
     @classmethod
     async def memory(
@@ -259,6 +263,8 @@ class Ledger:
             known = await replay.replay_known(self.protocol, tool, prepared, who, record)
             if known is not None:
                 return known
+        if tool.effect.pipelined:
+            return await pipelined.call(self, tool, traced, prepared, who, run_version, warning)
         return await self._reserve_and_run(tool, traced, prepared, who, run_version, warning)
 
     async def _reserve_and_run(
@@ -272,23 +278,13 @@ class Ledger:
     ) -> ToolOutcome[T]:
         protocol = self.protocol
         with traced.reserve() as phase:
-            reserved = protocol.reservation(
-                tool,
-                prepared,
-                who,
-                run_version=run_version,
-                warning=warning,
-                trace_context=phase.trace_context(),
-            )
+            reserved = self._reservation(tool, prepared, who, run_version, warning, phase)
             try:
                 verdict = await protocol.reserve(reserved)
             except LedgerUnavailable as exc:
-                raise LedgerUnavailable(
-                    f"call {call_label(tool.name, who.key)} was not attempted: {exc}. Its "
-                    "reservation is being abandoned in the background; calling again with the "
-                    "same tool_call_id is safe once the ledger is reachable."
-                ) from exc
+                raise not_attempted(tool.name, who.key, exc) from exc
             phase.verdict(verdict)
+        self._runs.learn(verdict.run)
         if not verdict.accepted:
             return await replay.lost_reservation(
                 protocol, tool, prepared, who, verdict, run_version
@@ -302,10 +298,40 @@ class Ledger:
         with traced.outcome_phase():
             return await self._record(tool, who, reserved, ended)
 
+    def _reservation(
+        self,
+        tool: Tool[Any, T],
+        prepared: PreparedCall,
+        who: CallIdentity,
+        run_version: int | None,
+        warning: str | None,
+        phase: Phase,
+    ) -> CallReserved:
+        """The call's reservation, carrying the reserve phase's trace context."""
+        return self.protocol.reservation(
+            tool,
+            prepared,
+            who,
+            run_version=run_version,
+            warning=warning,
+            trace_context=phase.trace_context(),
+        )
+
     async def _record(
         self, tool: Tool[Any, T], who: CallIdentity, reserved: CallReserved, ended: Attempted
     ) -> ToolOutcome[T]:
         landed = await self.protocol.record(who, reserved, ended)
+        return await self._answer(tool, who, reserved, ended, landed)
+
+    async def _answer(
+        self,
+        tool: Tool[Any, T],
+        who: CallIdentity,
+        reserved: CallReserved,
+        ended: Attempted,
+        landed: Landed,
+    ) -> ToolOutcome[T]:
+        """The answer of an accepted reservation whose outcome landed."""
         if landed.unrecordable is not None:
             assert isinstance(landed.event, CallIndeterminate)
             return await self._unrecorded(tool, landed.event, landed.unrecordable)

@@ -101,3 +101,14 @@ class RuntimePort(ABC):
     @abstractmethod
     async def await_verdict(self, event_id: uuid.UUID, timeout: float) -> Verdict:
         """The verdict of an event appended earlier, within `timeout` seconds."""
+
+    @abstractmethod
+    def watch_verdict(self, event_id: uuid.UUID) -> None:
+        """Watch for the verdict of an event about to be appended, so that the first
+        `await_verdict` of it, later, needs no read of its own if the verdict came meanwhile
+        (a pipelined reservation's, awaited after its tool ran). `unwatch_verdict` stops it
+        when nobody will wait."""
+
+    @abstractmethod
+    def unwatch_verdict(self, event_id: uuid.UUID) -> None:
+        """Stop watching for that verdict (nothing if it was awaited already)."""

@@ -25,8 +25,10 @@ step by step"); what differs between them is only how long each may wait, which 
 reconciler asks again later on `LedgerUnavailable`; a replaying runtime answers "unknown").
 
 The steps are separate methods so that flows are compositions: `Ledger` and the compensator
-reserve verdict-first, then execute, then record; a pipelined flow can append the reservation,
-run the tool while its verdict is awaited, and record the same way.
+reserve verdict-first, then execute, then record; the pipelined flow
+(`toolledger.runtime.pipelined`) appends the reservation, runs the tool, records its outcome
+while the reservation's verdict is awaited (`await_verdict_after_running`: like an outcome's,
+never abandoned once the tool ran), and answers the same way.
 """
 
 from __future__ import annotations
@@ -175,13 +177,28 @@ class CallProtocol:
             self.abandon(reserved)
             raise
 
-    async def append_reservation(self, reserved: CallReserved) -> None:
-        """Append `reserved`, returning on Kafka's acknowledgement (its verdict not awaited)."""
+    async def append_reservation(self, reserved: CallReserved, *, watch: bool = False) -> None:
+        """Append `reserved`, returning on Kafka's acknowledgement (its verdict not awaited).
+
+        `watch`: its verdict is watched for from before the append (`RuntimePort.watch_verdict`),
+        for a caller that awaits it later (`await_verdict_after_running`) and must call
+        `unwatch` if it never does.
+        """
+        if watch:
+            self.port.watch_verdict(reserved.event_id)
         try:
             await self.port.append(reserved, self.policy.verdict_timeout)
         except (asyncio.CancelledError, LedgerUnavailable):
+            self.unwatch(reserved)
             self.abandon(reserved)
             raise
+        except BaseException:
+            self.unwatch(reserved)
+            raise
+
+    def unwatch(self, reserved: CallReserved) -> None:
+        """Stop watching for the verdict of `reserved` (nothing if it was awaited already)."""
+        self.port.unwatch_verdict(reserved.event_id)
 
     async def await_reservation_verdict(
         self, reserved: CallReserved, timeout: float | None = None
@@ -250,6 +267,16 @@ class CallProtocol:
 
     async def await_outcome_verdict(self, key: str, event_id: uuid.UUID) -> Verdict:
         """The verdict of the outcome `event_id` of `key`, waiting as the policy says."""
+        return await self._await_after_running(key, event_id, "the outcome")
+
+    async def await_verdict_after_running(self, reserved: CallReserved) -> Verdict:
+        """The verdict on a reservation whose tool has already run (a pipelined call), awaited
+        as an outcome's is: never abandoned (`abandoned` could settle the call "not attempted"
+        while its effect happened) and never given up on by a runtime, because the call's
+        answer depends on it."""
+        return await self._await_after_running(reserved.key, reserved.event_id, "the reservation")
+
+    async def _await_after_running(self, key: str, event_id: uuid.UUID, what: str) -> Verdict:
         bound = self.policy.outcome_wait
         waited = 0.0
         while True:
@@ -261,12 +288,13 @@ class CallProtocol:
                 if bound is not None or self.closing:
                     why = "the ledger was closed" if self.closing else f"after {seconds(waited)}"
                     raise OutcomeVerdictPending(
-                        f"no verdict yet on the outcome of {key} ({why}); the outcome is in the "
-                        "log and will be applied: read the call again"
+                        f"no verdict yet on {what} of {key} ({why}); {what} is in the log and "
+                        "will be applied: read the call again"
                     ) from exc
                 log.warning(
-                    "no verdict on the outcome of %s after %.0fs (%s); still waiting, the run "
-                    "parks until it arrives",
+                    "no verdict on %s of %s after %.0fs (%s); still waiting, the run parks "
+                    "until it arrives",
+                    what,
                     key,
                     waited,
                     exc,

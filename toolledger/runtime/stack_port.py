@@ -47,6 +47,7 @@ class StackPort(RuntimePort):
 
     def __init__(self, stack: LedgerStack) -> None:
         self.stack = stack
+        self._watched: dict[uuid.UUID, asyncio.Future[Verdict]] = {}
 
     @property
     def limits(self) -> PayloadLimits:
@@ -97,5 +98,14 @@ class StackPort(RuntimePort):
         return await commands.restored_verdict(await commands.append_and_await(event, timeout))
 
     async def await_verdict(self, event_id: uuid.UUID, timeout: float) -> Verdict:
-        verdict = await self.stack.waiter.wait(event_id, timeout)
+        watched = self._watched.pop(event_id, None)
+        verdict = await self.stack.waiter.wait(event_id, timeout, watched)
         return await self.stack.commands.restored_verdict(verdict)
+
+    def watch_verdict(self, event_id: uuid.UUID) -> None:
+        self._watched[event_id] = self.stack.waiter.expect(event_id)
+
+    def unwatch_verdict(self, event_id: uuid.UUID) -> None:
+        watched = self._watched.pop(event_id, None)
+        if watched is not None:
+            self.stack.waiter.discard(event_id, watched)
