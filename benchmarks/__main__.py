@@ -47,7 +47,12 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
         "--events", type=int, default=200_000, help="backlog size for catch-up and replay"
     )
     parser.add_argument("--repeat", type=int, default=3, help="repetitions (medians are reported)")
-    parser.add_argument("--samples", type=int, default=300, help="latency samples per repetition (memory-call: ten calls per sample)")
+    parser.add_argument(
+        "--samples",
+        type=int,
+        default=300,
+        help="latency samples per repetition (memory-call: ten calls per sample)",
+    )
     parser.add_argument(
         "--partitions", type=int, default=4, help="partitions of the backlog's topic"
     )
