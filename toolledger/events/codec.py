@@ -29,6 +29,7 @@ from fastavro import schemaless_reader, schemaless_writer
 from pydantic import ValidationError
 
 from toolledger.errors import ToolLedgerError
+from toolledger.events.checks import EventChecks
 from toolledger.events.models import EVENT_TYPES, Event
 from toolledger.schemas import AvroSchema, SchemaRegistry
 
@@ -237,7 +238,7 @@ class Codec:
         self.registry = registry if registry is not None else SchemaRegistry.packaged()
         self._models: dict[str, type[Event]] = {m.__name__: m for m in EVENT_TYPES}
         self._writers: dict[type[Event], tuple[AvroSchema, _Plan]] = {}
-        self._readers: dict[bytes, tuple[type[Event], _Plan]] = {}
+        self._readers: dict[bytes, tuple[type[Event], _Plan, EventChecks | None]] = {}
         for name in self.registry.names:
             schema = self.registry.latest(name)
             model = self._model_of(schema)
@@ -257,12 +258,17 @@ class Codec:
             raise ValueError(f"{schema.source}: no event model is named {schema.name}")
         return model
 
-    def _reader_plan(self, schema: AvroSchema) -> tuple[type[Event], _Plan]:
+    def _reader_plan(self, schema: AvroSchema) -> tuple[type[Event], _Plan, EventChecks | None]:
+        """The model, the datum plan and, for the newest schema of a type (whose fields are the
+        model's, checked above), the checks that build the model without pydantic."""
         found = self._readers.get(schema.fingerprint)
         if found is None:
+            model = self._model_of(schema)
+            latest = schema is self.registry.latest(schema.name)
             found = self._readers[schema.fingerprint] = (
-                self._model_of(schema),
+                model,
                 _plan(schema.definition, False, {}),
+                EventChecks(model, schema.definition) if latest else None,
             )
         return found
 
@@ -275,8 +281,15 @@ class Codec:
         return schema, _apply(plan, event.__dict__)
 
     def from_datum(self, datum: Mapping[str, Any], schema: AvroSchema) -> Event:
-        """The event a datum of `schema` holds; DecodeError("malformed") if it is not valid."""
-        model, plan = self._reader_plan(schema)
+        """The event a datum of `schema` holds; DecodeError("malformed") if it is not valid.
+
+        A datum that passes the model's checks (`toolledger.events.checks`) is built without
+        pydantic; any other is validated by pydantic, which says what is wrong with it.
+        """
+        model, plan, checks = self._reader_plan(schema)
+        event = None if checks is None else checks.event(datum)
+        if event is not None:
+            return event
         try:
             return model.model_validate(_apply(plan, datum))
         except (ValidationError, ValueError, OverflowError, TypeError, KeyError) as exc:
