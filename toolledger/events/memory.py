@@ -120,6 +120,7 @@ class MemoryLog(EventLog):
         self.topic = topic
         self.max_record_bytes = max_record_bytes
         self.broker = broker if broker is not None else MemoryBroker()
+        self._partition_of: dict[str, int] = {}
         if partitions is not None:
             self._ensure(partitions)
 
@@ -169,8 +170,17 @@ class MemoryLog(EventLog):
         topic = self._existing()
         encoded = key.encode()
         check_record_size(self.topic, encoded, value, headers, self.max_record_bytes)
-        partition = partition_for(key, len(topic.partitions))
-        return topic.append(partition, encoded, value, headers)
+        return topic.append(self._partition(key, len(topic.partitions)), encoded, value, headers)
+
+    def _partition(self, key: str, partitions: int) -> int:
+        """`partition_for` (pure-Python murmur2), remembered per key: a run appends many times.
+        Keyed by the count too, although a topic's never changes."""
+        found = self._partition_of.get(key)
+        if found is None or found >= partitions:
+            if len(self._partition_of) >= 100_000:
+                self._partition_of.clear()
+            found = self._partition_of[key] = partition_for(key, partitions)
+        return found
 
     def reader(self) -> LogReader:
         return MemoryReader(self.broker, self.topic)

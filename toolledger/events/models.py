@@ -82,6 +82,9 @@ def _clean(value: Any) -> Any:
         return _UNSTORABLE.sub("\ufffd", value) if _UNSTORABLE.search(value) else value
     if isinstance(value, dict):
         for item in value.values():
+            # Inline for the usual item, a clean string: one call per event, not one per field.
+            if item.__class__ is str and item.isascii() and "\x00" not in item:
+                continue
             if _clean(item) is not item:
                 return {k: _clean(v) for k, v in value.items()}
         return value
@@ -129,7 +132,17 @@ class Producer(_Storable):
 
     @classmethod
     def this_process(cls) -> Producer:
-        return cls(host=socket.gethostname(), pid=os.getpid())
+        """This process, made once per process id (a forked child gets its own): every event
+        an envelope builds names it, and the model is frozen, so they share one."""
+        pid = os.getpid()
+        found = _THIS_PROCESS.get(pid)
+        if found is None:
+            _THIS_PROCESS.clear()
+            found = _THIS_PROCESS[pid] = cls(host=socket.gethostname(), pid=pid)
+        return found
+
+
+_THIS_PROCESS: dict[int, Producer] = {}
 
 
 class Signature(_Storable):

@@ -136,17 +136,19 @@ class FactsPublisher:
         groups: dict[int, list[FactText]] = {}
         for fact in facts:
             groups.setdefault(self._partition(fact.run_id), []).append(fact)
-        await asyncio.gather(
-            *(
-                self.log.append(
-                    pack[0].run_id,
-                    f"[{','.join(f.json for f in pack)}]".encode(),
-                    [("facts", str(len(pack)).encode())],
-                )
-                for group in groups.values()
-                for pack in packs(group, self.pack_bytes)
+        appends = [
+            self.log.append(
+                pack[0].run_id,
+                f"[{','.join(f.json for f in pack)}]".encode(),
+                [("facts", str(len(pack)).encode())],
             )
-        )
+            for group in groups.values()
+            for pack in packs(group, self.pack_bytes)
+        ]
+        if len(appends) == 1:  # the usual small batch: no task for a gather of one
+            await appends[0]
+        else:
+            await asyncio.gather(*appends)
         self.published += len(facts)
 
     def _partition(self, run_id: str) -> int:
