@@ -29,6 +29,7 @@ from fastavro import schemaless_reader, schemaless_writer
 from pydantic import ValidationError
 
 from toolledger.errors import ToolLedgerError
+from toolledger.events.avro_write import Writer, writer
 from toolledger.events.checks import EventChecks
 from toolledger.events.models import EVENT_TYPES, Event
 from toolledger.schemas import AvroSchema, SchemaRegistry
@@ -238,6 +239,7 @@ class Codec:
         self.registry = registry if registry is not None else SchemaRegistry.packaged()
         self._models: dict[str, type[Event]] = {m.__name__: m for m in EVENT_TYPES}
         self._writers: dict[type[Event], tuple[AvroSchema, _Plan]] = {}
+        self._bodies: dict[type[Event], tuple[bytes, Writer]] = {}
         self._readers: dict[bytes, tuple[type[Event], _Plan, EventChecks | None]] = {}
         for name in self.registry.names:
             schema = self.registry.latest(name)
@@ -250,6 +252,9 @@ class Codec:
                     f"{sorted(fields - expected)}, only in the model {sorted(expected - fields)}"
                 )
             self._writers[model] = (schema, _plan(schema.definition, True, {}))
+            body = writer(schema, _micros)
+            if body is not None:
+                self._bodies[model] = (MARKER + schema.fingerprint, body)
             self._reader_plan(schema)
 
     def _model_of(self, schema: AvroSchema) -> type[Event]:
@@ -301,6 +306,15 @@ class Codec:
             ) from exc
 
     def encode(self, event: Event) -> bytes:
+        """Single-object encoding with the newest schema of the event's type: the body by the
+        generated writer (`toolledger.events.avro_write`), else by fastavro, which also writes,
+        or refuses, whatever the generated writer could not."""
+        fast = self._bodies.get(type(event))
+        if fast is not None:
+            try:
+                return fast[0] + fast[1](event)
+            except (ValueError, TypeError, KeyError, AttributeError, OverflowError):
+                pass
         schema, datum = self.to_datum(event)
         try:
             return frame(schema, datum)
