@@ -48,6 +48,8 @@ Long = Annotated[int, Field(ge=0, le=2**63 - 1)]
 
 
 def _as_utc(value: datetime) -> datetime:
+    if value.tzinfo is UTC:  # the usual case (`utcnow`, a decoded timestamp): already so
+        return value
     if value.tzinfo is None:
         raise ValueError("timestamps must be timezone-aware (UTC)")
     return value.astimezone(UTC)
@@ -103,7 +105,12 @@ def canonical_json(value: Any) -> str:
 
 def args_digest(arguments: Any) -> str:
     """SHA-256 of the canonical JSON of a call's arguments (the key-conflict fingerprint)."""
-    return hashlib.sha256(canonical_json(arguments).encode()).hexdigest()
+    return digest_of_canonical(canonical_json(arguments))
+
+
+def digest_of_canonical(text: str) -> str:
+    """`args_digest` of arguments whose canonical JSON is `text` (already made)."""
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def call_key(run_id: str, tool_call_id: str) -> str:
