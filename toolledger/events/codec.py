@@ -240,6 +240,8 @@ class Codec:
         self._models: dict[str, type[Event]] = {m.__name__: m for m in EVENT_TYPES}
         self._writers: dict[type[Event], tuple[AvroSchema, _Plan]] = {}
         self._bodies: dict[type[Event], tuple[bytes, Writer]] = {}
+        self._remembered: dict[bytes, Event] = {}
+        self._remember = 0
         self._readers: dict[bytes, tuple[type[Event], _Plan, EventChecks | None]] = {}
         for name in self.registry.names:
             schema = self.registry.latest(name)
@@ -305,10 +307,34 @@ class Codec:
                 schema=schema,
             ) from exc
 
+    def remember_encoded(self, limit: int = 1024) -> None:
+        """From now on, remember the event behind each encoding until this process decodes it.
+
+        For a process that decodes what it encodes: the embedded stack's log, store and projector
+        share one, and decoding was the largest cost on a call's path there (BENCHMARKS.md, "the
+        event path's own CPU"). `decode` of bytes this codec encoded returns the event they were
+        encoded from, which is what decoding them gives for every event its model validated (or
+        a copy with valid values, as every append in toolledger is): the round trip tests
+        (`tests/unit/test_codec.py`) prove the same fields, values and order, hence the same
+        history text and digests. Each remembered event is forgotten once decoded, and the
+        oldest once `limit` wait; a second decode of the same bytes (a replay) decodes them.
+        """
+        self._remember = max(self._remember, limit)
+
     def encode(self, event: Event) -> bytes:
-        """Single-object encoding with the newest schema of the event's type: the body by the
-        generated writer (`toolledger.events.avro_write`), else by fastavro, which also writes,
-        or refuses, whatever the generated writer could not."""
+        """Single-object encoding with the newest schema of the event's type (remembered for
+        `decode` after `remember_encoded`)."""
+        data = self._encode(event)
+        if self._remember:
+            remembered = self._remembered
+            if len(remembered) >= self._remember:
+                del remembered[next(iter(remembered))]
+            remembered[data] = event
+        return data
+
+    def _encode(self, event: Event) -> bytes:
+        """The body by the generated writer (`toolledger.events.avro_write`), else by fastavro,
+        which also writes, or refuses, whatever the generated writer could not."""
         fast = self._bodies.get(type(event))
         if fast is not None:
             try:
@@ -325,6 +351,10 @@ class Codec:
             ) from exc
 
     def decode(self, data: bytes) -> Event:
+        if self._remembered:
+            event = self._remembered.pop(data, None)
+            if event is not None:
+                return event
         datum = unframe(self.registry, data)
         return self.from_datum(datum.value, datum.reader)
 
