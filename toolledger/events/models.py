@@ -98,9 +98,15 @@ def _clean(value: Any) -> Any:
     return value
 
 
+#: `json.dumps` with these arguments, made once: `dumps` builds an encoder per call otherwise.
+_CANONICAL = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str
+)
+
+
 def canonical_json(value: Any) -> str:
     """JSON with sorted keys and no whitespace: the form that digests and signatures cover."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    return _CANONICAL.encode(value)
 
 
 def args_digest(arguments: Any) -> str:

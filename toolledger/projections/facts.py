@@ -92,10 +92,14 @@ def facts_of(
         FactText(
             v.run_id,
             f'{{"partition":{h.partition},"offset":{h.offset},"verdict":{j},'
-            f'"event_json":{json.dumps(h.event_json)}}}',
+            f'"event_json":{_json_string(h.event_json)}}}',
         )
         for h, v, j in zip(history, verdicts, verdict_json, strict=True)
     ]
+
+
+#: `json.dumps` of a string, without the call's encoder set-up (the same C function it uses).
+_json_string = json.encoder.encode_basestring_ascii
 
 
 def packs(facts: Sequence[FactText], limit: int = PACK_BYTES) -> Iterator[list[FactText]]:
