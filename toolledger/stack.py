@@ -17,6 +17,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from toolledger.events.codec import default_codec
 from toolledger.events.kafka import KafkaLog
 from toolledger.events.log import DEFAULT_MAX_RECORD_BYTES, EventLog
 from toolledger.events.memory import MemoryBroker
@@ -77,6 +78,8 @@ class LedgerStack:
         against Kafka: the memory log refuses what Kafka would refuse."""
         if verify_keys is None:
             verify_keys = SigningKey.generate("nobody").verify_keys()
+        # The projector decodes in this process what the commands encode in it.
+        default_codec().remember_encoded()
         broker = broker or MemoryBroker()
         events = broker.log("toolledger.events", max_record_bytes)
         await events.ensure_topic(partitions)
@@ -96,6 +99,7 @@ class LedgerStack:
             facts=FactsPublisher(facts),
             on_verdicts=_deliver_to(waiter),
             fetch_wait_ms=50,
+            facts_in_background=False,
         )
         commands = LedgerCommands(events, waiter, store, limits)
         reads = CallReads(StoreReads(store))

@@ -36,7 +36,7 @@ from typing import Any, Generic, Literal, ParamSpec, TypeVar, get_type_hints
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model
 from pydantic_core import PydanticSerializationError
 
-from toolledger.events.models import args_digest, canonical_json
+from toolledger.events.models import canonical_json, digest_of_canonical
 from toolledger.events.records import CallRecord
 from toolledger.runtime.context import ToolContext
 from toolledger.runtime.effects import PipeliningRefused, SideEffect
@@ -156,7 +156,7 @@ class Tool(Generic[P, T]):
         as_json = model.model_dump(mode="json", by_alias=True)
         text = canonical_json(as_json)
         values = {p.name: getattr(model, _field(i)) for i, p in enumerate(self._params)}
-        return PreparedCall(values=values, arguments_json=text, digest=args_digest(as_json))
+        return PreparedCall(values=values, arguments_json=text, digest=digest_of_canonical(text))
 
     def dump_result(self, value: Any) -> str:
         """The result as stored JSON. A value that does not fit the declared type is stored
