@@ -14,7 +14,11 @@ import pytest
 from fastavro import parse_schema, schemaless_writer
 from hypothesis import given, settings
 
-from tests.unit.test_codec import _reserved, events
+from tests.unit.test_codec import (
+    _codec_decodes_for_real,  # noqa: F401 (autouse: decode for real)
+    _reserved,
+    events,
+)
 from toolledger.events.avro_write import write_long
 from toolledger.events.codec import decode, default_codec, frame
 from toolledger.events.models import EVENT_TYPES, Event

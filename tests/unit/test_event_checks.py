@@ -18,7 +18,10 @@ import pytest
 from hypothesis import given, settings
 from pydantic import ValidationError
 
-from tests.unit.test_codec import events
+from tests.unit.test_codec import (
+    _codec_decodes_for_real,  # noqa: F401 (autouse: decode for real)
+    events,
+)
 from toolledger.events.checks import EventChecks
 from toolledger.events.codec import _apply, default_codec, unframe
 from toolledger.events.models import EVENT_TYPES, Event
