@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 from toolledger.events.lifecycle import CLOCK_SKEW_GRACE
 from toolledger.events.models import CallCompleted, CallEvent, CallFailed
 from toolledger.events.payloads import bounded_text
-from toolledger.events.records import CallRecord, Verdict
+from toolledger.events.records import UNSETTLED, CallRecord, Verdict
 from toolledger.runtime.access import LedgerAccess
 from toolledger.runtime.context import ToolContext
 from toolledger.runtime.errors import (
@@ -56,6 +56,8 @@ T = TypeVar("T")
 
 #: How often a call that lost its reservation re-reads the key while waiting for it to settle.
 SETTLE_POLL_S = 0.05
+#: How many times a reconcile finding is made again after the record moved on under it.
+_FINDING_ATTEMPTS = 3
 
 
 async def replay_known(
@@ -85,37 +87,76 @@ async def _reconcile(
     open_until = record.deadline + CLOCK_SKEW_GRACE
     if tool.reconcile is not None:
         found = await _ask_hook(io, tool, who, record)
-        now = io.clock()
-        finding: CallEvent | None = None
-        envelope = io.envelope(who, now)
-        if found.status == "completed":
-            finding = CallCompleted(
-                **envelope,
-                reservation_id=record.reservation_id,
-                result_json=tool.dump_result(found.value),
-                result_reference=found.result_reference,
-                source="reconcile",
-                expected_version=record.version,
-            )
-        elif found.status == "failed" and (record.status == "indeterminate" or now > open_until):
-            finding = CallFailed(
-                **envelope,
-                reservation_id=record.reservation_id,
-                error=bounded_text(found.detail) or "the reconcile hook found no effect",
-                source="reconcile",
-                expected_version=record.version,
-            )
-        if finding is not None:
-            verdict = await io.settle(finding)
-            if not verdict.accepted:
-                log.info("reconcile finding for %s not applied: %s", who.key, verdict.detail)
-            record = verdict.call or record
-            outcome = settled_outcome(tool, record, replayed=True)
-            if outcome is not None:
-                return outcome
+        record = await _settle_finding(io, tool, who, record, found)
+        outcome = settled_outcome(tool, record, replayed=True)
+        if outcome is not None:
+            return outcome
     if record.status == "started" and io.clock() <= open_until:
         raise ToolCallInProgress(key=who.key, tool=tool.name, open_until=open_until)
     raise ToolCallIndeterminate(record, tool=tool.name)
+
+
+async def _settle_finding(
+    io: LedgerAccess,
+    tool: Tool[Any, Any],
+    who: CallIdentity,
+    record: CallRecord,
+    found: ReconcileOutcome,
+) -> CallRecord:
+    """Record the hook's finding; the record as the ledger has it afterwards.
+
+    The finding expects the version the hook was asked about. If the call moved on meanwhile
+    under the same reservation and is still unsettled (typically its own late outcome landed:
+    the `indeterminate` a caller that gave up left behind), the finding is stale only in its
+    version, not in its evidence, so it is made again against the new one (a few times at
+    most, each for a real change of the record).
+    """
+    for _ in range(_FINDING_ATTEMPTS):
+        finding = _finding(io, tool, who, record, found)
+        if finding is None:
+            return record
+        verdict = await io.settle(finding)
+        now = verdict.call or record
+        if verdict.accepted:
+            return now
+        log.info("reconcile finding for %s not applied: %s", who.key, verdict.detail)
+        moved_on = verdict.reason == "version_mismatch" and now.status in UNSETTLED
+        if not moved_on or now.reservation_id != record.reservation_id:
+            return now
+        record = now
+    return record
+
+
+def _finding(
+    io: LedgerAccess,
+    tool: Tool[Any, Any],
+    who: CallIdentity,
+    record: CallRecord,
+    found: ReconcileOutcome,
+) -> CallEvent | None:
+    """The finding to append for what the hook found, or None if there is none to record: an
+    unknown answer, or `failed` while a `started` call may still be running."""
+    now = io.clock()
+    envelope = io.envelope(who, now)
+    if found.status == "completed":
+        return CallCompleted(
+            **envelope,
+            reservation_id=record.reservation_id,
+            result_json=tool.dump_result(found.value),
+            result_reference=found.result_reference,
+            source="reconcile",
+            expected_version=record.version,
+        )
+    open_until = record.deadline + CLOCK_SKEW_GRACE
+    if found.status == "failed" and (record.status == "indeterminate" or now > open_until):
+        return CallFailed(
+            **envelope,
+            reservation_id=record.reservation_id,
+            error=bounded_text(found.detail) or "the reconcile hook found no effect",
+            source="reconcile",
+            expected_version=record.version,
+        )
+    return None
 
 
 async def _ask_hook(
