@@ -9,6 +9,12 @@ sharing one server never see each other's rows or records.
 
 The fixture names and types below are the contract the rest of the suite relies on.
 
+The suite does not read the caller's ledger settings: a shell that exported what `toolledger dev
+up` prints (`TOOLLEDGER_VERIFY_KEYS`, `TOOLLEDGER_SIGNING_KEYS`, ...) would otherwise reach every
+settings object a test builds and every child it starts. From configuration on, every
+`TOOLLEDGER_*` variable is removed except the services' addresses and the suite's own knobs
+(`_CALLER_ENV`); tests that need one set it themselves.
+
 Long persistence drills (`@pytest.mark.drill`, e.g. the 1000-run drill) run only with
 `--drills`; the CI drill in `tests/drills` is not marked and always runs.
 """
@@ -29,9 +35,33 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
 from tests import tracing_support
-from toolledger.devstack import STATE_DIR, DevStack, Services, resolve_services
+from toolledger.devstack import (
+    DATABASE_URL_ENV,
+    KAFKA_BOOTSTRAP_ENV,
+    STATE_DIR,
+    DevStack,
+    Services,
+    resolve_services,
+)
 
 _SESSIONS_DIR = Path(STATE_DIR) / "sessions"
+#: The `TOOLLEDGER_*` variables the suite takes from its caller: where the services are
+#: (`dev_services`), the drills' seed and where the console test copies its screenshots.
+_CALLER_ENV = frozenset(
+    {DATABASE_URL_ENV, KAFKA_BOOTSTRAP_ENV, "TOOLLEDGER_DRILL_SEED", "TOOLLEDGER_SCREENSHOTS"}
+)
+_clean_env = pytest.MonkeyPatch()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Remove the caller's other `TOOLLEDGER_*` variables before anything is collected."""
+    for name in list(os.environ):
+        if name.startswith("TOOLLEDGER_") and name not in _CALLER_ENV:
+            _clean_env.delenv(name)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    _clean_env.undo()
 
 
 @pytest.fixture

@@ -15,15 +15,17 @@ import os
 import sys
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from tests.fake_billing import Credit, FakeBilling
+from tests.fake_billing import Credit, FakeBilling, find_credit
 from tests.fake_billing import service as billing_service
 from toolledger import (
     Ledger,
     ProjectorSettings,
+    ReconcileOutcome,
     Settings,
     Tool,
     ToolCallError,
@@ -50,6 +52,8 @@ ARGS = {"account_id": "acct-1", "amount_cents": 2500}
 
 calls: Counter[str] = Counter()
 gate = {"release": asyncio.Event()}
+#: What `credit_found_late`'s reconcile hook does before it answers (a test sets it).
+before_finding: dict[str, Callable[[CallRecord], Awaitable[None]]] = {}
 
 
 class Clock:
@@ -153,6 +157,23 @@ async def credit_when_released(account_id: str, amount_cents: int, context: Tool
     return credit
 
 
+async def _find_credit_late(record: CallRecord, context: ToolContext) -> ReconcileOutcome:
+    """`find_credit`, after whatever the test lets happen while the hook is being asked."""
+    if "run" in before_finding:
+        await before_finding["run"](record)
+    return await find_credit(record, context)
+
+
+@scenario.tool(external(), reconcile=_find_credit_late)
+async def credit_found_late(account_id: str, amount_cents: int, context: ToolContext) -> Credit:
+    """A credit whose reconcile hook answers only after the test's `before_finding`."""
+    calls["credit_found_late"] += 1
+    async with context.sending():
+        return await billing_service().credit(
+            account_id, amount_cents, idempotency_key=context.idempotency_key
+        )
+
+
 @dataclasses.dataclass
 class Harness:
     """One test's ledger, its stack, the fake billing system and the clock."""
@@ -238,6 +259,7 @@ def reset() -> None:
     """Forget the previous test's counts and gate."""
     calls.clear()
     gate["release"] = asyncio.Event()
+    before_finding.clear()
 
 
 def _exists(path: Path) -> bool:

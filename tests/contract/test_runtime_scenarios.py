@@ -21,6 +21,7 @@ import json
 import os
 import signal
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,9 @@ from tests.contract.runtime_harness import (
     FrozenCommands,
     Harness,
     answer_of,
+    before_finding,
     calls,
+    credit_found_late,
     credit_then_hang,
     credit_unreachable,
     credit_when_released,
@@ -56,6 +59,9 @@ from tests.fake_billing import (
     issue_credit_unreconciled,
     use_service,
 )
+from tests.fake_billing import (
+    service as billing_service,
+)
 from toolledger import (
     KeyConflictError,
     Ledger,
@@ -71,10 +77,15 @@ from toolledger import (
 from toolledger.events.log import Position
 from toolledger.events.models import (
     CallApproved,
+    CallIndeterminate,
+    CallReserved,
     CallResolved,
     RunCheckpointed,
     RunStarted,
+    args_digest,
+    canonical_json,
 )
+from toolledger.events.records import CallRecord
 from toolledger.stack import LedgerStack
 
 
@@ -128,6 +139,47 @@ class RuntimeScenarios:
             issue_credit, run_id="r1", tool_call_id="c1", tenant_id="acme", arguments=ARGS
         )
         assert again.value == credit and h.service.requests("r1:c1") == 1
+
+    async def test_a_resend_gets_the_hooks_finding_though_its_own_late_outcome_landed_first(
+        self, h: Harness
+    ) -> None:
+        """A caller that gave up mid-call leaves its runtime recording the call indeterminate in
+        the background; resent at once, the key read `started`, its hook found the credit, and
+        that background outcome landed before the finding, whose expected version was then
+        stale: the resend answered unknown though the hook had found the credit."""
+        reserved = CallReserved(
+            key="r1:c1",
+            run_id="r1",
+            tool_call_id="c1",
+            tenant_id="acme",
+            tool=credit_found_late.name,
+            effect="external",
+            args_digest=args_digest(ARGS),
+            arguments_json=canonical_json(ARGS),
+            deadline=h.clock() + timedelta(minutes=5),
+        )
+        assert (await h.append(reserved)).accepted
+        credit = await billing_service().credit("acct-1", 2500, idempotency_key="r1:c1")
+
+        async def the_given_up_attempt_lands(record: CallRecord) -> None:
+            assert record.status == "started"
+            late = CallIndeterminate(
+                key=record.key,
+                run_id=record.run_id,
+                tool_call_id=record.tool_call_id,
+                tenant_id=record.tenant_id,
+                occurred_at=h.clock(),
+                reservation_id=reserved.reservation_id,
+                error="cancelled while the tool was running",
+                error_type="Cancelled",
+            )
+            assert (await h.append(late)).accepted
+
+        before_finding["run"] = the_given_up_attempt_lands
+        outcome = await h.call(credit_found_late)
+        assert outcome.status == "completed" and outcome.settled_by == "reconcile"
+        assert outcome.value == credit
+        assert calls["credit_found_late"] == 0 and h.service.effects("r1:c1") == 1
 
     async def test_way_2_a_crashed_process_replay_without_hook_never_runs_it_again(
         self, h: Harness
