@@ -24,7 +24,7 @@ from tests.unit.test_codec import (
 )
 from toolledger.events.checks import EventChecks
 from toolledger.events.codec import _apply, default_codec, unframe
-from toolledger.events.models import EVENT_TYPES, Event
+from toolledger.events.models import EVENT_TYPES, Event, RunFinished
 
 #: Values a datum cannot hold after Avro decoding unless something is wrong, and values that
 #: sit on the edge of a rule (empty, ':', NUL, bounds, other types, other forms of a UUID).
@@ -139,7 +139,7 @@ def test_a_broken_value_is_never_accepted_where_pydantic_refuses_it(event: Event
 def test_text_that_cannot_be_stored_is_cleaned_as_pydantic_cleans_it() -> None:
     run_id = "r\x00un"
     event_values = _values(
-        EVENT_TYPES[-1](  # RunFinished: a run event with free text
+        RunFinished(  # a run event with free text
             key="r1",
             run_id="r1",
             tenant_id="acme",
@@ -150,7 +150,7 @@ def test_text_that_cannot_be_stored_is_cleaned_as_pydantic_cleans_it() -> None:
         )
     )
     event_values |= {"detail": "bad \x00 byte", "run_id": run_id, "key": run_id}
-    fast, slow = _both(EVENT_TYPES[-1], event_values)
+    fast, slow = _both(RunFinished, event_values)
     assert fast is not None and slow is not None
     _same(fast, slow)
     assert fast.run_id == "r\ufffdun"
