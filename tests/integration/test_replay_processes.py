@@ -11,7 +11,6 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator
 
-import asyncpg
 import pytest
 
 from tests import builders as b
@@ -59,21 +58,9 @@ async def log(
         await events.close()
 
 
-@pytest.fixture
-async def schemas(pg_dsn: str) -> AsyncIterator[list[str]]:
-    made: list[str] = []
-    yield made
-    conn = await asyncpg.connect(pg_dsn)
-    try:
-        for schema in made:
-            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-    finally:
-        await conn.close()
-
-
-async def _store(pg_dsn: str, schemas: list[str]) -> PostgresLedger:
-    schemas.append(f"t_{uuid.uuid4().hex[:12]}")
-    store = PostgresLedger(pg_dsn, schemas[-1], verify_keys=b.KEYS)
+async def _store(pg_dsn: str, replicas: list[str]) -> PostgresLedger:
+    replicas.append(f"t_{uuid.uuid4().hex[:12]}")
+    store = PostgresLedger(pg_dsn, replicas[-1], verify_keys=b.KEYS)
     await store.start()
     return store
 
@@ -83,13 +70,13 @@ async def test_a_split_replay_gives_the_one_process_replays_ledger_and_digest(
     log: tuple[KafkaLog, dict[int, int]],
     pg_dsn: str,
     kafka_bootstrap: str,
-    schemas: list[str],
+    replicas: list[str],
     processes: int,
 ) -> None:
     """Whatever the number of workers (fewer than the partitions, unevenly, or more), the
     digest printed must be the one-process replay's, and so must the ledger it describes."""
     events, targets = log
-    alone, split_into = await _store(pg_dsn, schemas), await _store(pg_dsn, schemas)
+    alone, split_into = await _store(pg_dsn, replicas), await _store(pg_dsn, replicas)
     try:
         expected = await replay(events, alone, targets=targets)
         told: list[int] = []
@@ -114,7 +101,7 @@ async def test_a_split_replay_gives_the_one_process_replays_ledger_and_digest(
 
 
 async def test_a_split_replay_digest_changes_with_any_stored_row(
-    log: tuple[KafkaLog, dict[int, int]], pg_dsn: str, kafka_bootstrap: str, schemas: list[str]
+    log: tuple[KafkaLog, dict[int, int]], pg_dsn: str, kafka_bootstrap: str, replicas: list[str]
 ) -> None:
     """The merged digest must cover every share: a split replay of a log with one event more
     may not print the digest of the shorter log."""
@@ -122,7 +109,7 @@ async def test_a_split_replay_digest_changes_with_any_stored_row(
     shorter = dict(targets)
     longest = max(shorter, key=lambda p: shorter[p])
     shorter[longest] -= 1
-    full, short = await _store(pg_dsn, schemas), await _store(pg_dsn, schemas)
+    full, short = await _store(pg_dsn, replicas), await _store(pg_dsn, replicas)
     try:
         common = {"processes": 2, "database_url": pg_dsn, "bootstrap": kafka_bootstrap}
         a = await replay_in_processes(events, full, targets=targets, **common)  # type: ignore[arg-type]

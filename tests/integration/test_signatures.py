@@ -7,10 +7,8 @@ import asyncio
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from typing import Any
 
-import asyncpg
 import pytest
 
 from tests import builders as b
@@ -39,19 +37,6 @@ def _shared(pg_dsn: str, bootstrap: str, schema: str, prefix: str) -> dict[str, 
 @pytest.fixture
 def shared(pg_dsn: str, kafka_bootstrap: str, pg_schema: str, topic_prefix: str) -> dict[str, Any]:
     return _shared(pg_dsn, kafka_bootstrap, pg_schema, topic_prefix)
-
-
-@pytest.fixture
-async def replicas(pg_dsn: str) -> AsyncIterator[list[str]]:
-    """Schemas a test replays into; dropped afterwards."""
-    made: list[str] = []
-    yield made
-    conn = await asyncpg.connect(pg_dsn)
-    try:
-        for schema in made:
-            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-    finally:
-        await conn.close()
 
 
 async def _projecting(shared: dict[str, Any], *keys: SigningKey) -> LedgerStack:

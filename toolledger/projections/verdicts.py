@@ -5,8 +5,9 @@ one `pg_notify` per verdict. PostgreSQL delivers a notification only after its t
 commits, so a notification that carries the verdict carries a committed, durable one: its
 payload is `<event_id> <verdict JSON>`, the JSON byte for byte what the `verdicts` row holds,
 and a waiter takes the verdict from it without reading the table. A verdict too large for a
-payload (PostgreSQL refuses one of `NOTIFY_PAYLOAD_LIMIT` bytes) is announced by its event_id
-alone, which only says "look now".
+payload (PostgreSQL refuses one of `NOTIFY_PAYLOAD_LIMIT` bytes), like every verdict of a large
+catch-up batch (`toolledger.projections.postgres` says why), is announced by its event_id alone,
+which only says "look now"; so is every verdict from a projector older than this one.
 
 Arrival is never trusted: every pending event_id is re-read from `verdicts` on such a hint,
 after the listener reconnects, and every 50 ms regardless, so a lost notification or a killed
