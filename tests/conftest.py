@@ -31,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import asyncpg
+import hypothesis
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
@@ -51,6 +52,13 @@ _CALLER_ENV = frozenset(
     {DATABASE_URL_ENV, KAFKA_BOOTSTRAP_ENV, "TOOLLEDGER_DRILL_SEED", "TOOLLEDGER_SCREENSHOTS"}
 )
 _clean_env = pytest.MonkeyPatch()
+
+# No property test here is about speed (the codec, schema evolution and the decider's state
+# machine check what comes out, not how fast), and hypothesis' 200 ms per-example deadline
+# measures the machine: on two cores shared by other test runs a first example that builds
+# the codec overran it. Speed is measured by the benchmarks, never by a deadline here.
+hypothesis.settings.register_profile("toolledger", deadline=None)
+hypothesis.settings.load_profile("toolledger")
 
 
 def pytest_configure(config: pytest.Config) -> None:

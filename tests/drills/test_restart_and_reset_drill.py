@@ -12,6 +12,9 @@ closed (no request reaches billing), and the ledger in PostgreSQL must be unchan
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,13 +25,28 @@ from toolledger.drill.summary import plain_summary
 SEED = int(os.environ.get("TOOLLEDGER_DRILL_SEED", "11"))
 
 
+@pytest.fixture
+def home(request: pytest.FixtureRequest) -> Iterator[Path]:
+    """The drill's home, outside pytest's temporary directories, kept when the test fails.
+
+    Run as root, the private PostgreSQL runs as the embedded server's own user, who must be able
+    to enter every parent directory; a pytest session starting meanwhile anywhere on the machine
+    takes that access away from /tmp/pytest-of-root again, and initdb or the restart then failed
+    with "Permission denied".
+    """
+    failed_before = request.session.testsfailed
+    parent = Path(tempfile.mkdtemp(prefix="toolledger-restart-drill-"))
+    yield parent / "drill"
+    if request.session.testsfailed == failed_before:
+        shutil.rmtree(parent, ignore_errors=True)
+
+
 @pytest.mark.timeout(360)
 async def test_a_drill_survives_postgres_restarts_and_ends_with_a_broker_reset(
-    tmp_path: Path,
+    home: Path,
 ) -> None:
     """A PostgreSQL restart must cost availability only, never an effect or a record; a broker
     that lost its data must stop the ledger, not fork it."""
-    home = tmp_path / "drill"
     config = DrillConfig(
         runs=20,
         calls=3,

@@ -370,18 +370,20 @@ async def test_a_frozen_projector_whose_partitions_were_taken_over_writes_nothin
     a zombie that re-applied the batch it held would double events or fork the ledger.
 
     Proven, in order:
-    1. A owns every partition and is frozen mid-stream, either with no transaction open
-       (`between_batches`: it may hold fetched records) or inside a batch transaction past its
-       offset compare-and-set (`inside_a_batch`). Its lock session is terminated; B starts
-       and holds every partition lock.
+    1. A owns every partition, B runs as its hot standby, and A is frozen mid-stream, either
+       with no transaction open (`between_batches`: it may hold fetched records) or inside a
+       batch transaction past its offset compare-and-set (`inside_a_batch`). Its lock session
+       is terminated; B takes every partition lock.
     2. `inside_a_batch` only: B cannot apply over the range A's open transaction claimed: B's
        compare-and-set waits on A's row lock (`pg_blocking_pids`). Then A's batch session is
        terminated too (PostgreSQL dropping the hung client), which rolls A's batch back and
-       lets B go on. Nothing else would end that transaction: toolledger sets no
-       `idle_in_transaction_session_timeout`, so while A stays frozen B applies nothing on any
-       partition, and if A's batch session is left open, A commits that one batch when it
-       resumes (its compare-and-set had passed; B's then misses and re-seeks, so no event is
-       applied twice). This test does not cover that case; it is a known gap.
+       lets B go on. PostgreSQL would end it by itself once it has been idle in transaction
+       for 10 s (the store's `idle_in_transaction_session_timeout`), so B is a standby started
+       beforehand: its compare-and-set must reach A's row lock well inside that, which a
+       projector process started only now cannot promise on a loaded machine. A batch session
+       caught in a COPY is not idle and is never ended that way; if it were left open, A would
+       commit that one batch when it resumes (its compare-and-set had passed; B's then misses
+       and re-seeks, so no event is applied twice). This test does not cover that case.
     3. B applies every event appended so far (one verdict each). The ledger is snapshotted.
     4. A resumes. Its output shows that it stood down (lock lost, or its compare-and-set
        missed) or, when its batch session was dropped, that it exited; while it does so, the
@@ -393,6 +395,8 @@ async def test_a_frozen_projector_whose_partitions_were_taken_over_writes_nothin
     """
     a = scene.start_projector("projector-a")
     await scene.owns_all(a)
+    b_proc = scene.start_projector("projector-b")
+    await b_proc.wait_for(r"owns \[\];", timeout=START_TIMEOUT)
     stream = Stream(scene.client.commands, runs=40, calls=20, rate=500, tag="before")
     appending = asyncio.create_task(stream.run())
     try:
@@ -403,7 +407,6 @@ async def test_a_frozen_projector_whose_partitions_were_taken_over_writes_nothin
         lock_session = await scene.lock_session(a)
         assert lock_session is not None
         await scene.terminate(lock_session)
-        b_proc = scene.start_projector("projector-b")
         await scene.owns_all(b_proc)
         if batch is not None:
             waiting = (

@@ -42,7 +42,12 @@ from toolledger.drill.procs import Proc, Procs
 from toolledger.drill.worker import entry as worker_entry
 from toolledger.drill.worker import write_order
 from toolledger.projections.dberrors import DATABASE_ERRORS
+from toolledger.projections.verdicts import LedgerUnavailable
 from toolledger.runtime.ledger import Ledger
+
+#: What a work-list refresh meets while PostgreSQL restarts: the drill's own queries fail with
+#: database errors, the ledger's reads (`resumable_runs`) fail closed as `LedgerUnavailable`.
+_REFRESH_ERRORS: tuple[type[BaseException], ...] = (*DATABASE_ERRORS, LedgerUnavailable)
 
 log = logging.getLogger("toolledger.drill")
 
@@ -189,7 +194,7 @@ class Dispatcher:
             states = await self.db.run_states(TENANT)
             done = await self.db.completed_calls(TENANT)
             resumable = {r.run_id async for r in self.ledger.resumable_runs(follow=False)}
-        except DATABASE_ERRORS as exc:  # PostgreSQL restarting: the next refresh tries again
+        except _REFRESH_ERRORS as exc:  # PostgreSQL restarting: the next refresh tries again
             log.warning("work list not refreshed (%s)", exc)
             return []
         self._states, self._done = states, done
