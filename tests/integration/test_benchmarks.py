@@ -36,7 +36,8 @@ async def test_every_benchmark_completes_a_tiny_run_with_its_self_checks(
     dev_services: Services,
 ) -> None:
     """A benchmark whose self-check fails (a rejected reservation, offsets without rows, a tool
-    run missing or doubled, a memory-ledger key not completed, books that do not add up) raises, and fails this test."""
+    run missing or doubled, a memory-ledger key not completed, books that do not add up)
+    raises, and fails this test."""
     rows = await _run(dev_services, _arguments(TINY))
     reported = {(r.benchmark, r.metric) for r in rows}
     expected = {
