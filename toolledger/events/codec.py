@@ -336,7 +336,9 @@ class Codec:
         if self._remember:
             remembered = self._remembered
             if len(remembered) >= self._remember:
-                del remembered[next(iter(remembered))]
+                # Another thread encoding or decoding at once may empty it first: nothing lost.
+                with contextlib.suppress(RuntimeError, StopIteration, KeyError):
+                    del remembered[next(iter(remembered))]
             remembered[data] = event
         return data
 
