@@ -20,12 +20,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import tempfile
 import time
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
-from benchmarks._baseline import export_tree, run_child
+from benchmarks._baseline import add_arguments, child_output, compare
 from benchmarks._support import Row, median, say, table
 from toolledger.events.codec import default_codec, encode, unframe
 from toolledger.events.fold import LedgerFold, Positioned
@@ -178,42 +176,24 @@ def measure(*, events: int, repeat: int) -> list[Row]:
     ]
 
 
-def _compare(baseline: str, events: int, repeat: int) -> None:
-    """This tree against `baseline`, child processes alternating (`benchmarks._baseline`)."""
-    samples: dict[str, list[float]] = {"baseline": [], "this tree": []}
-    with tempfile.TemporaryDirectory(prefix="toolledger-baseline-") as tmp:
-        trees = {"baseline": export_tree(baseline, Path(tmp)), "this tree": None}
-        for rep in range(repeat):
-            order = list(trees) if rep % 2 == 0 else list(reversed(trees))
-            for name in order:
-                child = run_child("benchmarks.fold_rate", ["--child", str(events)], trees[name])
-                samples[name].append(float(child["cpu_us"]))
-            line = ", ".join(f"{n} {v[-1]:.1f}" for n, v in samples.items())
-            say(f"  {rep + 1}/{repeat}: decode + fold CPU us per event: {line}")
-    base = median(samples["baseline"])
-    print(f"decode + fold CPU per event, median of {repeat} x {events} events")
-    for name, values in samples.items():
-        print(f"{name:<10} {median(values):>8.1f} us  {median(values) / base:.3f}x")
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.fold_rate", description=__doc__)
     parser.add_argument("--events", type=int, default=20_000, help="events in the log")
-    parser.add_argument("--repeat", type=int, default=5, help="repetitions (medians reported)")
-    parser.add_argument("--baseline", help="a git revision to compare this tree with")
-    parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    add_arguments(parser)
     args = parser.parse_args(argv)
     if args.events < 100 or args.repeat < 1:
         parser.error("--events >= 100 and --repeat >= 1, please")
     if args.child:
-        import toolledger
-
         log = make_log(args.child)
-        cost, floor = _repetition(_records(log), _expected_digest(log))
-        result = {"cpu_us": cost * 1e6, "floor_us": floor * 1e6, "from": toolledger.__file__}
-        print(json.dumps(result))
+        print(child_output(*_repetition(_records(log), _expected_digest(log))))
     elif args.baseline:
-        _compare(args.baseline, args.events, args.repeat)
+        compare(
+            "benchmarks.fold_rate",
+            args.events,
+            args.baseline,
+            args.repeat,
+            "decode + fold CPU per event",
+        )
     else:
         print(table(measure(events=args.events, repeat=args.repeat)))
 

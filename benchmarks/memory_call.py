@@ -26,13 +26,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import tempfile
 import time
 from datetime import timedelta
-from pathlib import Path
 
-from benchmarks._baseline import export_tree, run_child
+from benchmarks._baseline import add_arguments, child_output, compare
 from benchmarks._support import Row, median, say, table
 from toolledger import Ledger, ToolContext, Toolset, external
 from toolledger.events.models import utcnow
@@ -159,41 +156,23 @@ async def measure(*, calls: int, repeat: int) -> list[Row]:
     ]
 
 
-def _compare(baseline: str, calls: int, repeat: int) -> None:
-    """This tree against `baseline`, child processes alternating (`benchmarks._baseline`)."""
-    samples: dict[str, list[float]] = {"baseline": [], "this tree": []}
-    with tempfile.TemporaryDirectory(prefix="toolledger-baseline-") as tmp:
-        trees = {"baseline": export_tree(baseline, Path(tmp)), "this tree": None}
-        for rep in range(repeat):
-            order = list(trees) if rep % 2 == 0 else list(reversed(trees))
-            for name in order:
-                child = run_child("benchmarks.memory_call", ["--child", str(calls)], trees[name])
-                samples[name].append(float(child["cpu_us"]))
-            line = ", ".join(f"{n} {v[-1]:.1f}" for n, v in samples.items())
-            say(f"  {rep + 1}/{repeat}: CPU us per call: {line}")
-    base = median(samples["baseline"])
-    print(f"Ledger.memory() CPU per call, median of {repeat} x {calls} calls")
-    for name, values in samples.items():
-        print(f"{name:<10} {median(values):>8.1f} us  {median(values) / base:.3f}x")
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.memory_call", description=__doc__)
     parser.add_argument("--calls", type=int, default=2000, help="calls per repetition")
-    parser.add_argument("--repeat", type=int, default=5, help="repetitions (medians reported)")
-    parser.add_argument("--baseline", help="a git revision to compare this tree with")
-    parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    add_arguments(parser)
     args = parser.parse_args(argv)
     if args.calls < 1 or args.repeat < 1:
         parser.error("--calls >= 1 and --repeat >= 1, please")
     if args.child:
-        import toolledger
-
-        per_call, floor = asyncio.run(_repetition(args.child))
-        result = {"cpu_us": per_call * 1e6, "floor_us": floor * 1e6, "from": toolledger.__file__}
-        print(json.dumps(result))
+        print(child_output(*asyncio.run(_repetition(args.child))))
     elif args.baseline:
-        _compare(args.baseline, args.calls, args.repeat)
+        compare(
+            "benchmarks.memory_call",
+            args.calls,
+            args.baseline,
+            args.repeat,
+            "Ledger.memory() CPU per call",
+        )
     else:
         print(table(asyncio.run(measure(calls=args.calls, repeat=args.repeat))))
 

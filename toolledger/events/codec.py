@@ -11,6 +11,14 @@ Two layers, so each can be tested and replaced on its own:
   (`toolledger.schemas`) and resolves it to the newest version of that record type, so old
   records keep decoding after the models grow.
 
+Both have a fast path that every event of the newest schemas takes, and a slow one that
+decides whenever the fast one cannot: bodies are written by a writer generated per schema
+(`toolledger.events.avro_write`, byte for byte fastavro's), else by the datum layer and
+fastavro; datums read by fastavro are checked and built by a reader generated per model
+(`toolledger.events.checks`), else validated by pydantic. A process that decodes what it
+encodes (the embedded stack) can have the codec remember the events behind its encodings
+(`Codec.remember_encoded`).
+
 Decoding fails in exactly one way, `DecodeError`, whose `reason` tells the projector what to do:
 an unknown fingerprint halts the partition (a producer is newer than this reader), anything else
 sends the record to the dead-letter topic. Any other exception escaping `decode` is a bug.
@@ -328,7 +336,9 @@ class Codec:
         if self._remember:
             remembered = self._remembered
             if len(remembered) >= self._remember:
-                del remembered[next(iter(remembered))]
+                # Another thread encoding or decoding at once may empty it first: nothing lost.
+                with contextlib.suppress(RuntimeError, StopIteration, KeyError):
+                    del remembered[next(iter(remembered))]
             remembered[data] = event
         return data
 
