@@ -42,9 +42,14 @@ from toolledger.drill.procs import Proc, Procs
 from toolledger.drill.worker import entry as worker_entry
 from toolledger.drill.worker import write_order
 from toolledger.projections.dberrors import DATABASE_ERRORS
+from toolledger.projections.verdicts import LedgerUnavailable
 from toolledger.runtime.ledger import Ledger
 
 log = logging.getLogger("toolledger.drill")
+
+#: How the work list's reads fail while PostgreSQL restarts: the driver's own reads, and the
+#: runtime port's (`resumable_runs`), which says it in the runtime's words.
+_REFRESH_ERRORS: tuple[type[BaseException], ...] = (*DATABASE_ERRORS, LedgerUnavailable)
 
 #: progress(finished runs, runs, runtime kills)
 Progress = Callable[[int, int, int], None]
@@ -189,7 +194,7 @@ class Dispatcher:
             states = await self.db.run_states(TENANT)
             done = await self.db.completed_calls(TENANT)
             resumable = {r.run_id async for r in self.ledger.resumable_runs(follow=False)}
-        except DATABASE_ERRORS as exc:  # PostgreSQL restarting: the next refresh tries again
+        except _REFRESH_ERRORS as exc:  # PostgreSQL restarting: the next refresh tries again
             log.warning("work list not refreshed (%s)", exc)
             return []
         self._states, self._done = states, done
