@@ -20,6 +20,7 @@ from benchmarks import (
     catch_up,
     fast_path,
     integrations,
+    memory_call,
     replay_rate,
     runtime_overhead,
     throughput,
@@ -36,6 +37,7 @@ BENCHMARKS = (
     "fast-path",
     "throughput",
     "integrations",
+    "memory-call",
 )
 
 
@@ -45,7 +47,12 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
         "--events", type=int, default=200_000, help="backlog size for catch-up and replay"
     )
     parser.add_argument("--repeat", type=int, default=3, help="repetitions (medians are reported)")
-    parser.add_argument("--samples", type=int, default=300, help="latency samples per repetition")
+    parser.add_argument(
+        "--samples",
+        type=int,
+        default=300,
+        help="latency samples per repetition (memory-call: ten calls per sample)",
+    )
     parser.add_argument(
         "--partitions", type=int, default=4, help="partitions of the backlog's topic"
     )
@@ -120,6 +127,9 @@ async def _run(found: Services, args: argparse.Namespace) -> list[Row]:
         if "integrations" in chosen:
             say("framework adapters per call (memory ledger)")
             rows += await integrations.measure(samples=args.samples, repeat=args.repeat)
+        if "memory-call" in chosen:
+            say("the event path's own CPU per call (memory ledger)")
+            rows += await memory_call.measure(calls=10 * args.samples, repeat=args.repeat)
     finally:
         await scratch.cleanup()
     return rows

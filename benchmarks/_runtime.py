@@ -1,7 +1,9 @@
 """What the runtime benchmarks share: a no-op external tool and a `Ledger` on scratch services.
 
 The runtime benchmarks (`runtime_overhead`, `fast_path`, `throughput`) measure `Ledger.call`
-itself, so the tool does nothing: whatever a call costs is the ledger's. The ledger runs as in
+itself, so the tool does nothing: whatever a call costs is the ledger's. The pipelined twin
+(`noop_pipelined`) and the 50 ms tools (`nap`, `nap_pipelined`, which time themselves) are the
+peers benchmark's pipelined rows. The ledger runs as in
 production: this process is the runtime (`LedgerStack.connect`, no projector), and the projector
 is a `toolledger projector` process of its own, started on a fresh schema and topics and stopped
 (by pid) when the benchmark ends. A run's first reservation waits for that process to start and
@@ -19,6 +21,7 @@ import resource
 import shutil
 import tempfile
 import time
+from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,14 +40,51 @@ STARTUP_TIMEOUT = 60.0
 SETTLE_TIMEOUT = 60.0
 
 bench = Toolset("bench")
-#: How often the no-op tool ran, so a benchmark can check every call ran it exactly once.
-RUNS = {"noop": 0}
+#: How often each benchmark tool ran, so a benchmark can check every call ran it exactly once.
+RUNS = {"noop": 0, "noop_pipelined": 0, "nap": 0, "nap_pipelined": 0}
+#: The idempotency keys the pipelined tools received (their "downstream"), and how often each.
+KEYS_SEEN: Counter[str] = Counter()
+#: How long each napping tool's call spent in the tool itself, by idempotency key (seconds).
+NAPPED: dict[str, float] = {}
+#: How long the napping tools nap: "a 50 ms tool".
+NAP_S = 0.05
 
 
 @bench.tool(external())
 async def noop(n: int, context: ToolContext) -> int:
     """An external tool with no effect: it returns its argument."""
     RUNS["noop"] += 1
+    return n
+
+
+@bench.tool(external(pipelined=True))
+async def noop_pipelined(n: int, context: ToolContext) -> int:
+    """The no-op, pipelined: its downstream only counts the idempotency keys it is sent."""
+    RUNS["noop_pipelined"] += 1
+    KEYS_SEEN[context.idempotency_key] += 1
+    return n
+
+
+async def _nap(context: ToolContext) -> None:
+    started = time.perf_counter()
+    await asyncio.sleep(NAP_S)
+    NAPPED[context.idempotency_key] = time.perf_counter() - started
+
+
+@bench.tool(external())
+async def nap(n: int, context: ToolContext) -> int:
+    """A 50 ms tool (it sleeps), timing itself so a benchmark can subtract the tool's own time."""
+    RUNS["nap"] += 1
+    await _nap(context)
+    return n
+
+
+@bench.tool(external(pipelined=True))
+async def nap_pipelined(n: int, context: ToolContext) -> int:
+    """The 50 ms tool, pipelined (its downstream counts keys, as `noop_pipelined`'s)."""
+    RUNS["nap_pipelined"] += 1
+    KEYS_SEEN[context.idempotency_key] += 1
+    await _nap(context)
     return n
 
 

@@ -3,23 +3,50 @@
 What an auditor runs (`toolledger replay --into SCHEMA`): the whole topic folded from offset 1
 with the projector's own code, then the digest of the result. The time covers both, because an
 audit is not done before its digest is. The floor is the same raw consume as catch-up's.
+
+Each repetition replays twice more, split across worker processes (`toolledger replay
+--processes N`, `replay_in_processes`) with 2 workers and then with one per partition, and
+checks that both print the one-process digest. A split replay's time includes starting its
+workers; its CPU per event counts theirs (reaped children) with this process's.
 """
 
 from __future__ import annotations
 
+import resource
 import time
+from dataclasses import dataclass
 
 from benchmarks._backlog import Backlog
 from benchmarks._support import Row, Scratch, median, say
 from benchmarks.catch_up import raw_consume
 from toolledger.events.kafka import KafkaLog
 from toolledger.projections.postgres import PostgresLedger
-from toolledger.projections.replay import replay
+from toolledger.projections.replay import ReplayReport, replay
+from toolledger.projections.replay_processes import replay_in_processes
+
+#: The worker counts of the split replays, besides one process (0: one per partition).
+SPLITS = (2, 0)
 
 
-async def replay_once(scratch: Scratch, backlog: Backlog) -> tuple[float, float, float]:
-    """Events/s of one replay into a fresh schema, with and without the final digest, and this
-    process's CPU seconds per event for the whole audit (replay runs in this process)."""
+@dataclass(frozen=True)
+class _Replay:
+    rate: float
+    #: Events/s up to the last batch folded (one process only: the digest excluded).
+    fold_rate: float | None
+    cpu_per_event: float
+    digest: str
+
+
+def _cpu() -> float:
+    """CPU seconds of this process and of its children reaped so far."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+async def replay_once(scratch: Scratch, backlog: Backlog, processes: int = 1) -> _Replay:
+    """One replay of the backlog into a fresh schema, in this process or split across
+    `processes` workers, timed with its digest."""
     schema = scratch.schema("replay")
     log = KafkaLog(scratch.services.kafka_bootstrap, backlog.topic, client_id="toolledger-bench")
     store = PostgresLedger(scratch.services.database_url, schema)
@@ -32,36 +59,83 @@ async def replay_once(scratch: Scratch, backlog: Backlog) -> tuple[float, float,
         folded_at = time.perf_counter()
 
     try:
-        started, cpu = time.perf_counter(), time.process_time()
-        report = await replay(log, store, targets=backlog.targets, progress=progress)
-        elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
+        started, cpu = time.perf_counter(), _cpu()
+        report: ReplayReport
+        if processes == 1:
+            report = await replay(log, store, targets=backlog.targets, progress=progress)
+        else:
+            report = await replay_in_processes(
+                log,
+                store,
+                targets=backlog.targets,
+                processes=processes,
+                database_url=scratch.services.database_url,
+                bootstrap=scratch.services.kafka_bootstrap,
+            )
+        elapsed, cpu = time.perf_counter() - started, _cpu() - cpu
     finally:
         await store.close()
         await log.close()
         await scratch.drop_schema(schema)
     if report.events != backlog.events:
         raise RuntimeError(f"replay folded {report.events} events of {backlog.events}")
-    return report.events / elapsed, report.events / (folded_at - started), cpu / report.events
+    return _Replay(
+        rate=report.events / elapsed,
+        fold_rate=report.events / (folded_at - started) if processes == 1 else None,
+        cpu_per_event=cpu / report.events,
+        digest=report.replay_digest,
+    )
 
 
 async def measure(scratch: Scratch, backlog: Backlog, *, repeat: int) -> list[Row]:
+    splits = list(dict.fromkeys(n or backlog.partitions for n in SPLITS))
     consumed: list[float] = []
-    audits: list[float] = []
-    folds: list[float] = []
-    cpus: list[float] = []
+    alone: list[_Replay] = []
+    split: dict[int, list[_Replay]] = {n: [] for n in splits}
     for n in range(repeat):
         consumed.append(await raw_consume(scratch, backlog))
-        audit, fold, cpu = await replay_once(scratch, backlog)
-        audits.append(audit)
-        folds.append(fold)
-        cpus.append(cpu)
-        say(
-            f"  replay {n + 1}/{repeat}: raw {consumed[-1]:,.0f}/s, replay {audit:,.0f}/s, "
-            f"{cpu * 1e6:.0f} us CPU per event"
+        alone.append(await replay_once(scratch, backlog))
+        line = (
+            f"  replay {n + 1}/{repeat}: raw {consumed[-1]:,.0f}/s, replay {alone[-1].rate:,.0f}/s "
+            f"({alone[-1].cpu_per_event * 1e6:.0f} us CPU per event)"
         )
+        for processes in splits:
+            split[processes].append(await replay_once(scratch, backlog, processes))
+            if split[processes][-1].digest != alone[-1].digest:
+                raise RuntimeError(
+                    f"the replay split across {processes} processes printed digest "
+                    f"{split[processes][-1].digest}, one process {alone[-1].digest}"
+                )
+            line += (
+                f", {processes} processes {split[processes][-1].rate:,.0f}/s "
+                f"({split[processes][-1].cpu_per_event * 1e6:.0f} us)"
+            )
+        say(line)
     floor = median(consumed)
-    note = f"{backlog.events:,} events; median of {repeat}; CPU {median(cpus) * 1e6:.0f} us/event"
-    return [
-        Row("replay", "replay + digest", median(audits), "ev/s", floor, "raw consume", note=note),
+
+    def cpu(replays: list[_Replay]) -> str:
+        return f"CPU {median([r.cpu_per_event for r in replays]) * 1e6:.0f} us/event"
+
+    note = f"{backlog.events:,} events; median of {repeat}; {cpu(alone)}"
+    folds = [r.fold_rate for r in alone if r.fold_rate is not None]
+    rows = [
+        Row("replay", "replay + digest", median([r.rate for r in alone]), "ev/s", floor,
+            "raw consume", ">= 25,000 ev/s", note),
         Row("replay", "fold only", median(folds), "ev/s", floor, "raw consume"),
-    ]
+    ]  # fmt: skip
+    for processes, replays in split.items():
+        speedup = median([s.rate / a.rate for s, a in zip(replays, alone, strict=True)])
+        rows.append(
+            Row(
+                "replay",
+                f"{processes} processes",
+                median([r.rate for r in replays]),
+                "ev/s",
+                floor,
+                "raw consume",
+                ">= 25,000 ev/s",
+                f"split across {processes} worker processes, the one-process digest checked; "
+                f"{speedup:.2f}x one process (median of per-repetition ratios); {cpu(replays)}",
+            )
+        )
+    return rows

@@ -32,6 +32,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from benchmarks._baseline import export_tree
+
 ROOT = Path(__file__).resolve().parent.parent
 #: The last commit before `Ledger.call` had spans.
 DEFAULT_BASELINE = "934c0de"
@@ -84,14 +86,6 @@ def _child(variant: str, calls: int) -> None:
     print(json.dumps({"variant": variant, "cpu_us": per_call * 1e6, "from": toolledger.__file__}))
 
 
-def _baseline_tree(rev: str, into: Path) -> Path:
-    archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", rev, "toolledger"], check=True, capture_output=True
-    ).stdout
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
-    return into
-
-
 def _run(variant: str, calls: int, baseline: Path) -> float:
     env = dict(os.environ)
     env.pop("OTEL_TRACES_EXPORTER", None)
@@ -132,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     samples: dict[str, list[float]] = {v: [] for v in VARIANTS}
     with tempfile.TemporaryDirectory(prefix="toolledger-baseline-") as tmp:
-        baseline = _baseline_tree(args.baseline, Path(tmp))
+        baseline = export_tree(args.baseline, Path(tmp))
         for rep in range(args.repeat):
             # Rotated, so a machine that gets busier during a repetition favours none of them.
             for variant in VARIANTS[rep % 3 :] + VARIANTS[: rep % 3]:

@@ -126,6 +126,19 @@ async def pg_schema(pg_dsn: str) -> AsyncIterator[str]:
 
 
 @pytest.fixture
+async def replicas(pg_dsn: str) -> AsyncIterator[list[str]]:
+    """Schemas a test replays into (it appends their names); dropped afterwards."""
+    made: list[str] = []
+    yield made
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        for schema in made:
+            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
 def topic_prefix(request: pytest.FixtureRequest) -> Iterator[str]:
     """A unique prefix for this test's topic names; its topics are deleted afterwards.
 

@@ -37,7 +37,14 @@ from toolledger.runtime.agents import (
     parse_agents,
 )
 from toolledger.runtime.context import ToolContext
-from toolledger.runtime.effects import SideEffect, destructive, external, read, write
+from toolledger.runtime.effects import (
+    PipeliningRefused,
+    SideEffect,
+    destructive,
+    external,
+    read,
+    write,
+)
 from toolledger.runtime.errors import (
     KeyConflictError,
     LedgerUnavailable,
@@ -97,6 +104,7 @@ __all__ = [
     "LogIdentityError",
     "OperatorError",
     "OperatorSettings",
+    "PipeliningRefused",
     "ProjectorSettings",
     "ReconcileOutcome",
     "RunQuarantined",

@@ -17,6 +17,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from toolledger.events.codec import default_codec
 from toolledger.events.kafka import KafkaLog
 from toolledger.events.log import DEFAULT_MAX_RECORD_BYTES, EventLog
 from toolledger.events.memory import MemoryBroker
@@ -77,6 +78,8 @@ class LedgerStack:
         against Kafka: the memory log refuses what Kafka would refuse."""
         if verify_keys is None:
             verify_keys = SigningKey.generate("nobody").verify_keys()
+        # The projector decodes in this process what the commands encode in it.
+        default_codec().remember_encoded()
         broker = broker or MemoryBroker()
         events = broker.log("toolledger.events", max_record_bytes)
         await events.ensure_topic(partitions)
@@ -94,8 +97,9 @@ class LedgerStack:
             MemoryPartitionLocks(),
             dlq=dlq,
             facts=FactsPublisher(facts),
-            on_verdicts=_hint_waiter(waiter),
+            on_verdicts=_deliver_to(waiter),
             fetch_wait_ms=50,
+            facts_in_background=False,
         )
         commands = LedgerCommands(events, waiter, store, limits)
         reads = CallReads(StoreReads(store))
@@ -207,11 +211,12 @@ class LedgerStack:
             await topic.close()
 
 
-def _hint_waiter(waiter: VerdictWaiter) -> VerdictSink:
-    """In-process projector -> waiter: no notifications needed, hint directly."""
+def _deliver_to(waiter: VerdictWaiter) -> VerdictSink:
+    """In-process projector -> waiter: the applied verdicts themselves, no notification and no
+    read (the sink hears of a batch only after the store applied it)."""
 
-    async def hint(_partition: int, verdicts: Sequence[Verdict]) -> None:
+    async def deliver(_partition: int, verdicts: Sequence[Verdict]) -> None:
         for verdict in verdicts:
-            waiter.hint(verdict.event_id)
+            waiter.deliver(verdict)
 
-    return hint
+    return deliver

@@ -24,7 +24,7 @@ from typing import Any
 
 from toolledger.events.models import utcnow
 from toolledger.runtime.context import ToolContext
-from toolledger.runtime.tools import Tool, uses_context_attribute
+from toolledger.runtime.tools import Tool, key_passing_problem
 
 __all__ = ["assert_tool_contract", "fake_tool_context"]
 
@@ -60,25 +60,18 @@ def assert_tool_contract(tool: Tool[Any, Any]) -> None:
     if signature.return_annotation is inspect.Signature.empty:
         problems.append("no return type hint (results cannot be restored to their type)")
     if tool.effect.changes_something:
+        context = tool.context_param.name
         if tool.effect.attempts != 1:
             problems.append(
                 f"a {tool.effect.kind}() tool must allow exactly one attempt, but its side effect "
                 f"allows {tool.effect.attempts}; a retried write can take effect twice"
             )
-        if tool.reconcile is None:
-            reads_key = uses_context_attribute(tool.fn, tool.context_param.name, "idempotency_key")
-            if reads_key is None:
-                problems.append(
-                    "its source cannot be read, so it cannot be shown to pass "
-                    f"{tool.context_param.name}.idempotency_key downstream; give it a reconcile "
-                    "hook"
-                )
-            elif not reads_key:
-                problems.append(
-                    f"it has no reconcile hook and never reads "
-                    f"{tool.context_param.name}.idempotency_key: pass the key to the system it "
-                    "changes, or add a reconcile hook that can look the call up"
-                )
+        problem = None if tool.reconcile is not None else key_passing_problem(tool.fn, context)
+        if problem is not None:
+            problems.append(
+                f"it has no reconcile hook and {problem}: pass the key to the system it "
+                "changes, or add a reconcile hook that can look the call up"
+            )
     if problems:
         raise AssertionError(
             f"tool {tool.name} ({tool.effect.kind}) breaks the tool contract:\n- "

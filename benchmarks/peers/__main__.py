@@ -3,7 +3,10 @@
 The same two workloads on each system, of the shape of toolledger's own benchmarks: the serial
 per-step overhead (`benchmarks/runtime_overhead.py`: one no-op step at a time, p50 of the time
 from the call to its durable result) and 64 concurrent runs of sequential steps
-(`benchmarks/throughput.py`: steps completed over the wall time of the round). The systems take
+(`benchmarks/throughput.py`: steps completed over the wall time of the round). toolledger runs
+twice, verdict-first and pipelined (`external(pipelined=True)`, issue 17), and both also time
+serial calls of a 50 ms tool: the p50 of each call's time less the tool's own is what the ledger
+adds to a tool that takes time. The systems take
 turns within each round, the order rotating from round to round, so all three see the same
 machine at nearly the same moments; every figure is the median over the rounds, and each ratio
 the median of the per-round ratios. CPU time per step comes from /proc for every process doing a
@@ -32,7 +35,7 @@ from benchmarks.peers import _procs
 from benchmarks.peers._cpu import listener_pid, snapshot, used
 from benchmarks.peers._dbos import Dbos
 from benchmarks.peers._restate import Restate
-from benchmarks.peers._systems import System, Toolledger
+from benchmarks.peers._systems import System, Toolledger, ToolledgerPipelined
 from benchmarks.peers.report import Round, render
 from toolledger.devstack import Services
 
@@ -46,9 +49,14 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--samples", type=int, default=200, help="serial steps per round")
     parser.add_argument("--runs", type=int, default=64, help="concurrent runs per round")
     parser.add_argument("--calls", type=int, default=40, help="steps per concurrent run")
+    parser.add_argument(
+        "--naps", type=int, default=40, help="serial calls of a 50 ms tool per round (toolledger)"
+    )
     args = parser.parse_args(argv)
-    if args.rounds < 1 or args.samples < 10 or args.runs < 1 or args.calls < 1:
-        parser.error("--rounds >= 1, --samples >= 10, --runs >= 1 and --calls >= 1, please")
+    if args.rounds < 1 or args.samples < 10 or args.runs < 1 or args.calls < 1 or args.naps < 1:
+        parser.error(
+            "--rounds >= 1, --samples >= 10, --runs >= 1, --calls >= 1 and --naps >= 1, please"
+        )
     return args
 
 
@@ -60,7 +68,16 @@ async def _round(system: System, n: int, args: argparse.Namespace) -> Round:
     after = await snapshot(system.parts())
     steps = args.runs * args.calls
     cpu = {part: seconds / steps for part, seconds in used(before, after).items()}
-    return Round(percentile(times, 50), steps / elapsed, cpu)
+    added = await system.added(args.naps, f"n{n}")
+    if added is None:
+        return Round(percentile(times, 50), steps / elapsed, cpu)
+    return Round(
+        percentile(times, 50),
+        steps / elapsed,
+        cpu,
+        percentile(added.times, 50),
+        percentile(added.floors, 50),
+    )
 
 
 async def _idle(system: System) -> dict[str, float]:
@@ -86,7 +103,12 @@ async def _compare(found: Services, args: argparse.Namespace) -> str:
                 found.database_url, server_settings={"search_path": f'"{running.schema}"'}
             )
             restate, dbos = Restate(), Dbos(found.database_url, admin)
-            systems: list[System] = [Toolledger(running, pg, broker), restate, dbos]
+            systems: list[System] = [
+                Toolledger(running, pg, broker),
+                ToolledgerPipelined(running, pg, broker),
+                restate,
+                dbos,
+            ]
             try:
                 say("starting Restate and DBOS")
                 await restate.start()
@@ -94,6 +116,7 @@ async def _compare(found: Services, args: argparse.Namespace) -> str:
                 for system in systems:
                     say(f"warming up {system.name}")
                     await system.serial(20, "warm")
+                    await system.added(2, "warm")
                     await system.concurrent(args.runs, 2, "warm")
                 idle = {s.name: await _idle(s) for s in systems}
                 rounds: dict[str, list[Round]] = {s.name: [] for s in systems}
@@ -102,9 +125,15 @@ async def _compare(found: Services, args: argparse.Namespace) -> str:
                     for system in systems[shift:] + systems[:shift]:
                         result = await _round(system, n, args)
                         rounds[system.name].append(result)
+                        nap = (
+                            ""
+                            if result.added is None
+                            else f", 50 ms tool +{result.added * 1000:.2f} ms (floor "
+                            f"{(result.added_floor or 0) * 1000:.2f} ms)"
+                        )
                         say(
                             f"  round {n + 1}/{args.rounds} {system.name}: serial p50 "
-                            f"{result.p50 * 1000:.2f} ms, {result.rate:,.0f} steps/s"
+                            f"{result.p50 * 1000:.2f} ms, {result.rate:,.0f} steps/s{nap}"
                         )
                 checks = [f"{s.name}: {await s.verify()}" for s in systems]
             finally:

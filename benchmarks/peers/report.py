@@ -1,7 +1,8 @@
-"""The peers benchmark's results: one table of the three systems, the ratios, and the checks.
+"""The peers benchmark's results: one table of the systems, the ratios, and the checks.
 
 Figures are medians over the rounds. A ratio is the median of the per-round ratios (each round
-runs all three systems back to back, so a round's ratio compares them under one load): for
+runs every system back to back, so a round's ratio compares them under one load): each of
+toolledger's two flows (verdict-first, pipelined) against each peer; for
 throughput it is toolledger's rate over the peer's (above 1: toolledger is ahead); for the serial
 p50 and for CPU it is toolledger's over the peer's (above 1: toolledger is slower or costlier).
 """
@@ -24,6 +25,10 @@ class Round:
     rate: float
     #: CPU seconds per step of the concurrent phase, by part of the system.
     cpu: dict[str, float]
+    #: Seconds, the median of what the system added to serial calls of a 50 ms tool (None: the
+    #: system does not measure it), and of the floor measured between them.
+    added: float | None = None
+    added_floor: float | None = None
 
     @property
     def cpu_total(self) -> float:
@@ -46,32 +51,41 @@ def render(
     note: str,
     median: Callable[[Sequence[float]], float],
 ) -> str:
-    header = ("system", "serial p50 per step", "concurrent throughput", "CPU per step")
+    header = (
+        "system",
+        "serial p50 per step",
+        "concurrent throughput",
+        "50 ms tool: added p50 / floor",
+        "CPU per step",
+    )
     lines = [header]
     for system in systems:
         rs = rounds[system.name]
+        added = [r.added for r in rs if r.added is not None]
+        floor = [r.added_floor for r in rs if r.added_floor is not None]
         lines.append(
             (
                 system.name,
                 f"{median([r.p50 for r in rs]) * 1000:.2f} ms",
                 f"{median([r.rate for r in rs]):,.0f} steps/s",
+                f"{median(added) * 1000:.2f} / {median(floor) * 1000:.2f} ms" if added else "-",
                 _cpu(rs, median),
             )
         )
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     out = [" | ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)) for line in lines]
     out.insert(1, "-+-".join("-" * w for w in widths))
-    ours = rounds[systems[0].name]
     out.append("")
-    for peer in systems[1:]:
-        theirs = rounds[peer.name]
-        pairs = list(zip(ours, theirs, strict=True))
-        out.append(
-            f"toolledger vs {peer.name}: throughput "
-            f"{median([a.rate / b.rate for a, b in pairs]):.2f}x, serial p50 "
-            f"{median([a.p50 / b.p50 for a, b in pairs]):.2f}x, CPU per step "
-            f"{median([a.cpu_total / b.cpu_total for a, b in pairs]):.2f}x"
-        )
+    ours = [s for s in systems if s.name.startswith("toolledger")]
+    for mine in ours:
+        for peer in (s for s in systems if s not in ours):
+            pairs = list(zip(rounds[mine.name], rounds[peer.name], strict=True))
+            out.append(
+                f"{mine.name} vs {peer.name}: throughput "
+                f"{median([a.rate / b.rate for a, b in pairs]):.2f}x, serial p50 "
+                f"{median([a.p50 / b.p50 for a, b in pairs]):.2f}x, CPU per step "
+                f"{median([a.cpu_total / b.cpu_total for a, b in pairs]):.2f}x"
+            )
     out += ["", "idle CPU (nothing asked of it, before the rounds; counted in CPU per step):"]
     for system in systems:
         parts = ", ".join(f"{p} {v * 1000:.0f} ms/s" for p, v in idle[system.name].items())

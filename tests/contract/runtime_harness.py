@@ -42,7 +42,7 @@ from toolledger import (
     write,
 )
 from toolledger.events.log import Position
-from toolledger.events.models import Event, utcnow
+from toolledger.events.models import CallCompleted, Event, utcnow
 from toolledger.events.records import CallRecord, Verdict
 from toolledger.events.signing import SigningKey, sign
 from toolledger.projections.commands import LedgerCommands
@@ -188,9 +188,9 @@ class Harness:
     tmp: Path
     settings: Settings | None = None
 
-    def new_ledger(self) -> Ledger:
+    def new_ledger(self, verdict_timeout: float = 5) -> Ledger:
         """Another runtime on the same ledger, remembering nothing (a fresh process)."""
-        return Ledger.from_stack(self.stack, verdict_timeout=5, clock=self.clock)
+        return Ledger.from_stack(self.stack, verdict_timeout=verdict_timeout, clock=self.clock)
 
     async def call(self, tool: Tool[Any, Any], call_id: str = "c1", **kw: Any) -> ToolOutcome[Any]:
         kw.setdefault("arguments", ARGS)
@@ -226,6 +226,23 @@ class Harness:
         return await self.append(sign(event, SIGNING_KEY))
 
 
+async def late_completed(h: Harness) -> None:
+    """r1:c1's own runtime reports, late, that the credit went through: a late outcome."""
+    record = await h.record("r1:c1")
+    verdict = await h.append(
+        CallCompleted(
+            key=record.key,
+            run_id=record.run_id,
+            tool_call_id=record.tool_call_id,
+            tenant_id=record.tenant_id,
+            occurred_at=h.clock(),
+            reservation_id=record.reservation_id,
+            result_json='{"credit_id":"cr_late"}',
+        )
+    )
+    assert (verdict.accepted, verdict.reason) == (False, "late_outcome")
+
+
 @asynccontextmanager
 async def memory_harness(tmp: Path, **options: Any) -> AsyncIterator[Harness]:
     """A harness on `Ledger.memory()` (`options` go to it), the billing system in `tmp`."""
@@ -246,11 +263,22 @@ async def kafka_postgres_harness(
     (`settings` are the projector's own fields), the billing system in `tmp`."""
     clock = Clock()
     service = use_service(FakeBilling(tmp / "billing.db"))
-    on = isolated.settings(
-        ProjectorSettings, verify_keys=SIGNING_KEY.verify_keys(), verdict_timeout_s=5, **settings
-    )
+    on = _projector_settings(isolated, **settings)
     async with running_ledger(on, verdict_timeout=5, clock=clock) as ledger:
         yield Harness(ledger, ledger.stack, service, clock, tmp, on)
+
+
+def kafka_settings(
+    pg_dsn: str, bootstrap: str, schema: str, topic_prefix: str
+) -> ProjectorSettings:
+    """One test's services, schema and topic prefix, 2 partitions, the harness's public key."""
+    return _projector_settings(Isolated(pg_dsn, bootstrap, schema, topic_prefix + "."))
+
+
+def _projector_settings(isolated: Isolated, **settings: Any) -> ProjectorSettings:
+    return isolated.settings(
+        ProjectorSettings, verify_keys=SIGNING_KEY.verify_keys(), verdict_timeout_s=5, **settings
+    )
 
 
 def reset() -> None:

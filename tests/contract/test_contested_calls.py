@@ -20,12 +20,13 @@ from tests.contract.runtime_harness import (
     calls,
     credit_then_hang,
     kafka_postgres_harness,
+    late_completed,
     memory_harness,
     reset,
 )
 from tests.isolated import Isolated
 from toolledger import ToolCallIndeterminate
-from toolledger.events.models import CallCompleted, CallResolved
+from toolledger.events.models import CallResolved
 from toolledger.projections.store import CallQuery
 from toolledger.runtime.errors import ToolCallContested
 
@@ -35,30 +36,13 @@ def _reset() -> None:
     reset()
 
 
-async def _late_completed(h: Harness) -> None:
-    """The indeterminate call's own runtime reports, late, that the credit went through."""
-    record = await h.record("r1:c1")
-    verdict = await h.append(
-        CallCompleted(
-            key=record.key,
-            run_id=record.run_id,
-            tool_call_id=record.tool_call_id,
-            tenant_id=record.tenant_id,
-            occurred_at=h.clock(),
-            reservation_id=record.reservation_id,
-            result_json='{"credit_id":"cr_late"}',
-        )
-    )
-    assert (verdict.accepted, verdict.reason) == (False, "late_outcome")
-
-
 class ContestedScenarios:
     async def _operator_failed_then_late_completed(self, h: Harness) -> None:
         with pytest.raises(ToolCallIndeterminate):
             await h.call(credit_then_hang)
         record = await h.record("r1:c1", "indeterminate")
         assert (await h.operator(CallResolved, record, outcome="failed")).accepted
-        await _late_completed(h)
+        await late_completed(h)
 
     async def test_a_contested_call_is_not_run_again_and_the_error_names_what_happened(
         self, h: Harness

@@ -943,7 +943,8 @@ class TestPostgresLedger(TestLedgerStoreContract):
     async def test_verdicts_are_announced_on_commit(
         self, store: PostgresLedger, pg_dsn: str
     ) -> None:
-        """Waiters LISTEN for event_ids; a hint must come for each verdict, only after commit."""
+        """Waiters LISTEN for verdicts: one must come for each, carrying the stored verdict
+        after its event_id, only after commit."""
         heard: asyncio.Queue[str] = asyncio.Queue()
 
         def on_notify(
@@ -961,8 +962,13 @@ class TestPostgresLedger(TestLedgerStoreContract):
             r = reserve("r1", "c1", at(0))
             rival = reserve("r1", "c1", at(0), producer=B)
             await Log().feed(store, 0, r, rival, r)
-            got = [await asyncio.wait_for(heard.get(), 5) for _ in range(2)]
-            assert got == [str(r.event_id), str(rival.event_id)]
+            got = [(await asyncio.wait_for(heard.get(), 5)).split(" ", 1) for _ in range(2)]
+            assert [head for head, _ in got] == [str(r.event_id), str(rival.event_id)]
+            stored = await store.verdicts([r.event_id, rival.event_id])
+            assert [Verdict.model_validate_json(body) for _, body in got] == [
+                stored[r.event_id],
+                stored[rival.event_id],
+            ]
             with pytest.raises(OffsetConflict):
                 await store.apply_batch(0, 1, 2, [Positioned(0, 1, completed(r, at(1)))])
             await asyncio.sleep(0.2)

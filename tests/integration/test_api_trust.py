@@ -23,7 +23,8 @@ from toolledger.events.signing import SigningKey, VerifyKeys
 from toolledger.runtime.agents import AgentConfig
 from toolledger.runtime.errors import LedgerUnavailable
 from toolledger.runtime.ledger import Ledger
-from toolledger.runtime.runs import AgentRun, resumable_runs
+from toolledger.runtime.pauses import resumable_runs
+from toolledger.runtime.runs import AgentRun
 from toolledger.stack import LedgerStack
 
 #: Keys as agent frameworks make them: thread ids with paths, queries, fragments, percent

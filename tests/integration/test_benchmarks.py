@@ -36,7 +36,8 @@ async def test_every_benchmark_completes_a_tiny_run_with_its_self_checks(
     dev_services: Services,
 ) -> None:
     """A benchmark whose self-check fails (a rejected reservation, offsets without rows, a tool
-    run missing or doubled, books that do not add up) raises, and fails this test."""
+    run missing or doubled, a memory-ledger key not completed, books that do not add up)
+    raises, and fails this test."""
     rows = await _run(dev_services, _arguments(TINY))
     reported = {(r.benchmark, r.metric) for r in rows}
     expected = {
@@ -46,6 +47,7 @@ async def test_every_benchmark_completes_a_tiny_run_with_its_self_checks(
         ("call overhead (external, no-op)", "p50"),
         ("throughput (4 runs)", "calls/s"),
         ("throughput (4 runs)", "no facts (diag.)"),
+        ("memory ledger call (external, no-op)", "CPU per call"),
     }
     assert expected <= reported, sorted(reported)
     assert sum(1 for r in rows if r.benchmark == "catch-up") == 4, sorted(reported)

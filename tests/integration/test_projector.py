@@ -210,7 +210,8 @@ async def test_replay_from_offset_zero_rebuilds_the_same_ledger_and_verify_catch
     isolated: Isolated, pg_dsn: str, pg_schema: str
 ) -> None:
     """Dropping the projection and replaying the log must give the same ledger (rows,
-    history, digest); and `replay --verify` must notice a record changed by hand."""
+    history, digest), in one process or split across two; and `replay --verify` must notice a
+    record changed by hand."""
     settings = _settings(isolated)
     stack = await LedgerStack.connect(settings, run_projector=True)
     try:
@@ -227,6 +228,11 @@ async def test_replay_from_offset_zero_rebuilds_the_same_ledger_and_verify_catch
     ok = _cli(settings, "replay", "--into", replica, "--verify")
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "identical" in ok.stdout
+    split = _cli(settings, "replay", "--into", f"{pg_schema}_r3", "--verify", "--processes", "2")
+    assert split.returncode == 0, split.stdout + split.stderr
+    assert "identical" in split.stdout
+    assert f"digest {live_digest[:16]}" in ok.stdout
+    assert f"digest {live_digest[:16]}" in split.stdout
     copy = PostgresLedger(pg_dsn, replica)
     await copy.start()
     try:
@@ -245,7 +251,7 @@ async def test_replay_from_offset_zero_rebuilds_the_same_ledger_and_verify_catch
         assert bad.returncode == 1, bad.stdout + bad.stderr
         assert "run-1:c1" in bad.stdout and "status" in bad.stdout
     finally:
-        for schema in (replica, f"{pg_schema}_r2"):
+        for schema in (replica, f"{pg_schema}_r2", f"{pg_schema}_r3"):
             await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
         await conn.close()
 

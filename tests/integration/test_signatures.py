@@ -6,10 +6,8 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
-from collections.abc import AsyncIterator
 from typing import Any
 
-import asyncpg
 import pytest
 
 from tests import builders as b
@@ -31,19 +29,6 @@ K2 = SigningKey.from_seed("k2", b"the second operator signing key!")
 def shared(isolated: Isolated) -> dict[str, Any]:
     """The settings every role here shares: this test's schema and topics."""
     return isolated.connection()
-
-
-@pytest.fixture
-async def replicas(pg_dsn: str) -> AsyncIterator[list[str]]:
-    """Schemas a test replays into; dropped afterwards."""
-    made: list[str] = []
-    yield made
-    conn = await asyncpg.connect(pg_dsn)
-    try:
-        for schema in made:
-            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-    finally:
-        await conn.close()
 
 
 async def _projecting(shared: dict[str, Any], *keys: SigningKey) -> LedgerStack:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import types
 import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
@@ -46,6 +47,25 @@ from toolledger.schemas import SchemaRegistry
 FIXTURE_DIR = Path(__file__).parent / "schemas_fixture"
 
 INT64 = st.integers(-(2**63), 2**63 - 1)
+
+
+#: Codecs of these tests' own (building one compiles every schema's reader and writer).
+_FRESH = Codec()
+_REMEMBERING = Codec()
+_REMEMBERING.remember_encoded(limit=2)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _codec_decodes_for_real() -> Iterator[None]:
+    """These tests are about decoding, so the process-wide codec must decode here, not answer
+    from memory: an embedded stack an earlier test made asked it to remember its encodings."""
+    codec = default_codec()
+    remember, remembered = codec._remember, codec._remembered
+    codec._remember, codec._remembered = 0, {}
+    yield
+    codec._remember, codec._remembered = remember, remembered
+
+
 TIMESTAMPS = st.datetimes(
     min_value=datetime(2, 1, 1),
     max_value=datetime(9998, 12, 31, 23, 59, 59, 999_999),
@@ -157,11 +177,30 @@ def _reserved(**changes: Any) -> CallReserved:
 @pytest.mark.parametrize("model", EVENT_TYPES, ids=lambda m: m.__name__)
 @given(data=st.data())
 def test_every_event_type_survives_a_round_trip(model: type[Event], data: st.DataObject) -> None:
-    """A field the codec drops, rounds (microseconds, time zones) or mistypes breaks equality."""
+    """A field the codec drops, rounds (microseconds, time zones) or mistypes breaks equality.
+
+    Also what `Codec.remember_encoded` rests on: decoding an event's bytes gives the event back
+    field for field, in the same order, so its history text (hence digests) is the same."""
     event = data.draw(events(model))
-    decoded = decode(encode(event))
+    decoded = _FRESH.decode(encode(event))  # a codec that remembers nothing: decoded for real
     assert type(decoded) is model
     assert decoded == event
+    assert list(decoded.__dict__) == list(event.__dict__)
+    assert decoded.history_json() == event.history_json()
+
+
+@given(event=events())
+def test_a_remembering_codec_decodes_what_it_encoded_as_it_would_without(event: Event) -> None:
+    """Bytes it encoded decode to their event, once; bytes it did not are decoded."""
+    codec = _REMEMBERING
+    codec._remembered.clear()
+    data = codec.encode(event)
+    assert codec.decode(data) is event
+    again = codec.decode(data)
+    assert again == event and again is not event
+    for _ in range(3):
+        codec.encode(event.model_copy(update={"event_id": uuid.uuid4()}))
+    assert len(codec._remembered) == 2
 
 
 @given(event=events())

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from tests import builders as b
+from tests.unit.test_trusted import assert_as_validated
 from toolledger.events.fold import LedgerFold, Positioned
 from toolledger.events.lifecycle import decide
 from toolledger.events.models import (
@@ -62,6 +63,8 @@ class LedgerMachine(RuleBasedStateMachine):
             return
         self.applied.append(event)
         after_call = self.fold.calls.get(event.key) if event.tool_call_id is not None else None
+        assert_as_validated(verdict)  # the decider's records are what validation would make
+        assert_as_validated(self.fold.history[-1])
 
         if before_call is not None:
             assert after_call is not None

@@ -26,6 +26,7 @@ FROZEN = [
     "LogIdentityError",
     "OperatorError",
     "OperatorSettings",
+    "PipeliningRefused",
     "ProjectorSettings",
     "ReconcileOutcome",
     "RunQuarantined",

@@ -16,7 +16,6 @@ from toolledger import ReconcileOutcome, ToolContext, Toolset, external
 from toolledger.events.lifecycle import CLOCK_SKEW_GRACE
 from toolledger.events.models import CallCompleted, CallFailed, ReconcileAttempted
 from toolledger.events.records import CallRecord, CallStatus, Verdict
-from toolledger.processors.findings import finding_for
 from toolledger.processors.reconciler import Reconciler, collect_tools
 from toolledger.processors.schedule import (
     ReconcilePolicy,
@@ -27,6 +26,8 @@ from toolledger.processors.schedule import (
 )
 from toolledger.processors.unsettled import UnsettledRun, fold_fact, parse_facts
 from toolledger.projections.facts import Fact
+from toolledger.runtime.reconcile import finding_for
+from toolledger.runtime.stack_port import StackPort
 from toolledger.stack import LedgerStack
 
 POLICY = ReconcilePolicy(
@@ -299,7 +300,7 @@ async def test_each_record_version_is_asked_about_once_however_often_it_is_scann
     stack = await LedgerStack.memory(partitions=2)
     try:
         records = await _unknown_calls(stack, 3)
-        reconciler = Reconciler({"desk.stamp": stamp}, stack.commands, concurrency=1)
+        reconciler = Reconciler({"desk.stamp": stamp}, StackPort(stack), concurrency=1)
         for i in range(40):
             reconciler.scan(records if i % 2 else records[::-1])  # table order is not stable
             await asyncio.sleep(0.005)
@@ -312,7 +313,7 @@ async def test_each_record_version_is_asked_about_once_however_often_it_is_scann
         assert reconciler.scan([f for f in fresh if f is not None]) == 0  # backoff: not yet due
 
         restarted = Reconciler(
-            {"desk.stamp": stamp}, stack.commands, read_call=stack.store.get_call
+            {"desk.stamp": stamp}, StackPort(stack), read_call=stack.store.get_call
         )
         restarted.scan(records)  # a table behind the ledger, as after a restart
         await until(lambda: restarted.busy == 0, timeout=5, what="the stale scan to finish")

@@ -20,6 +20,7 @@ from toolledger.projections.verdicts import (
     LedgerUnavailable,
     VerdictSource,
     VerdictWaiter,
+    carried,
     seconds,
 )
 
@@ -202,6 +203,36 @@ async def test_a_wait_registered_before_its_append_reads_only_on_hints_and_ticks
         assert not waiter._pending
     finally:
         await waiter.close()
+
+
+async def test_a_delivered_verdict_resolves_its_wait_without_a_read() -> None:
+    """A verdict handed over by its notification (or an in-process projector) is the
+    committed one: reading it again would only cost the round trip this exists to save."""
+    source = CountingVerdicts()
+    waiter = VerdictWaiter(source, poll_interval=60)
+    event_id = uuid.uuid4()
+    try:
+        expected = waiter.expect(event_id)
+        waiting = asyncio.create_task(waiter.wait(event_id, 5, expected))
+        waiter.deliver(verdict(uuid.uuid4()))  # nobody waits for it: no effect
+        assert not waiting.done()
+        waiter.deliver(verdict(event_id))
+        assert (await waiting).event_id == event_id
+        assert source.reads == 0
+        assert not waiter._pending
+    finally:
+        await waiter.close()
+
+
+def test_a_notification_body_is_taken_only_as_the_named_events_verdict() -> None:
+    """A bare event_id, a body that does not parse, or a verdict of another event must not be
+    handed to the waiter as this event's verdict: each leaves it to read the table."""
+    event_id = uuid.uuid4()
+    mine = verdict(event_id)
+    assert carried(event_id, mine.model_dump_json()) == mine
+    assert carried(event_id, "") is None
+    assert carried(event_id, '{"event_id": "truncated') is None
+    assert carried(event_id, verdict(uuid.uuid4()).model_dump_json()) is None
 
 
 async def test_a_wait_without_registration_reads_at_once() -> None:

@@ -52,6 +52,7 @@ from toolledger.api.tokens import MemoryTokens, PostgresTokens, TokenStore
 from toolledger.events.models import utcnow
 from toolledger.projections.postgres import PostgresLedger
 from toolledger.projections.store import LedgerStore
+from toolledger.runtime.stack_port import StackPort
 from toolledger.runtime.tools import Tool
 from toolledger.settings import ConfigError, OperatorSettings
 from toolledger.stack import LedgerStack
@@ -92,7 +93,7 @@ def create_app(
             except BaseException:
                 await close_stack(stack)
                 raise
-            app.state.toolledger.closers.insert(0, lambda: close_stack(stack))
+            app.state.toolledger.closers.append(lambda: close_stack(stack))
         try:
             yield
         finally:
@@ -141,14 +142,14 @@ def _context(
     tokens: TokenStore | None,
     tools: Mapping[str, Tool[Any, Any]] | None,
 ) -> ApiContext:
+    compensator = None
     if isinstance(source, OperatorService):
         service, stack = source, None
     else:
         stack = source
-        compensator = None
         if tools:
             compensator = RuntimeCompensator(
-                stack.commands, tools, verdict_timeout=settings.verdict_timeout_s
+                StackPort(stack), tools, verdict_timeout=settings.verdict_timeout_s
             )
         service = OperatorService(
             stack.store,
@@ -158,6 +159,8 @@ def _context(
             compensator=compensator,
         )
     context = ApiContext(service=service, tokens=tokens or MemoryTokens(), stack=stack)
+    if compensator is not None:  # before the stack closes: its last appends need the stack
+        context.closers.append(compensator.close)
     if tokens is None:
         context.tokens = _default_tokens(service.store, settings)
         context.closers.append(context.tokens.close)

@@ -13,32 +13,34 @@ key `<key>:compensate`, so it cannot run twice either. `RuntimeCompensator` is t
    request is `indeterminate` (settled later by an operator resolving `<key>:compensate`), and a
    hook that marks `context.sending()` gets "not attempted" for errors before it, exactly like a
    tool.
-3. It appends the outcome and awaits its verdict, and hands the ledger's record back; the
-   service then settles the original call from it.
+3. It appends the outcome until it lands and awaits its verdict, at most the verdict timeout
+   (a request's `WaitPolicy`), and hands the ledger's record back; the service then settles the
+   original call from it.
+
+The steps are the runtime's call protocol (`toolledger.runtime.protocol`): a reservation whose
+verdict does not come is abandoned until the abandon lands, exactly as for an agent's call.
 
 `load_tools` imports the modules named by `--tools` and collects their `Toolset`s and `Tool`s.
 """
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from toolledger.api.errors import Unavailable
 from toolledger.api.service import COMPENSATE_SUFFIX, compensation_key
-from toolledger.events.models import CallAbandoned, CallReserved, utcnow
-from toolledger.events.records import CallRecord, Verdict
+from toolledger.events.models import utcnow
+from toolledger.events.records import CallRecord
 from toolledger.modules import ModuleLoadError, import_user_module
-from toolledger.projections.commands import LedgerCommands
 from toolledger.projections.verdicts import LedgerUnavailable
-from toolledger.runtime.access import Envelope
 from toolledger.runtime.context import ToolContext
-from toolledger.runtime.executor import Attempted, CallIdentity, execute
-from toolledger.runtime.recording import outcome_event
+from toolledger.runtime.executor import CallIdentity
+from toolledger.runtime.port import RuntimePort
+from toolledger.runtime.protocol import CallProtocol, OutcomeVerdictPending, WaitPolicy
 from toolledger.runtime.tools import Tool, Toolset, uses_context_attribute
 
 
@@ -87,20 +89,24 @@ def compensation_tool(tool: Tool[Any, Any], record: CallRecord) -> Tool[Any, Any
 
 
 class RuntimeCompensator:
-    """Runs compensations of the tools in `tools` (by name) through the runtime's executor."""
+    """Runs compensations of the tools in `tools` (by name) through the call protocol.
+
+    Its `WaitPolicy` is a request's: the reservation's verdict and the outcome's are each
+    awaited at most `verdict_timeout` (an operator's request cannot wait forever), while the
+    abandon of an unanswered reservation and the outcome are appended until they land, in the
+    background; `close()` gives those a moment before the process stops.
+    """
 
     def __init__(
         self,
-        commands: LedgerCommands,
+        port: RuntimePort,
         tools: Mapping[str, Tool[Any, Any]],
         *,
         verdict_timeout: float = 10.0,
         clock: Callable[[], datetime] = utcnow,
     ) -> None:
-        self.commands = commands
         self.tools = dict(tools)
-        self.verdict_timeout = verdict_timeout
-        self.clock = clock
+        self.protocol = CallProtocol(port, WaitPolicy.request(verdict_timeout), clock=clock)
 
     def unavailable(self, record: CallRecord) -> str | None:
         tool = self.tools.get(record.tool)
@@ -116,6 +122,7 @@ class RuntimeCompensator:
         return None
 
     async def run(self, record: CallRecord) -> CallRecord:
+        protocol = self.protocol
         tool = compensation_tool(self.tools[record.tool], record)
         prepared = tool.prepare(
             {"compensates": record.key, "reservation_id": str(record.reservation_id)}
@@ -126,63 +133,34 @@ class RuntimeCompensator:
             record.tenant_id,
             compensation_key(record.key),
         )
-        now = self.clock()
-        reserved = CallReserved(
-            **self._envelope(who, now),
-            tool=tool.name,
-            effect=tool.effect.kind,
-            args_digest=prepared.digest,
-            arguments_json=prepared.arguments_json,
-            deadline=now + timedelta(seconds=tool.budget),
-            compensates=record.key,
-        )
-        verdict = await self._reserve(reserved, who)
+        reserved = protocol.reservation(tool, prepared, who, compensates=record.key)
+        try:
+            verdict = await protocol.reserve(reserved)
+        except LedgerUnavailable as exc:
+            raise Unavailable(
+                "ledger_unavailable",
+                f"the compensation {who.key} was not run: {exc}. Its reservation is being "
+                "abandoned in the background; ask again once the ledger answers, nothing was "
+                "sent.",
+            ) from exc
         if not verdict.accepted:
             if verdict.call is None:
                 raise Unavailable("compensation_refused", verdict.detail)
             return verdict.call  # held by another request, or already settled
-        ended = await execute(tool, prepared, who, clock=self.clock)
-        return await self._record(reserved, who, ended)
-
-    async def _reserve(self, reserved: CallReserved, who: CallIdentity) -> Verdict:
+        ended = await protocol.execute(tool, prepared, who, reserved)
         try:
-            return await self.commands.append_and_await(reserved, self.verdict_timeout)
-        except LedgerUnavailable as exc:
-            abandon = CallAbandoned(
-                **self._envelope(who, self.clock()), reservation_id=reserved.reservation_id
-            )
-            # Best effort: if it does not land either, the reservation may still be accepted
-            # later, and the compensation is then `started` until its deadline, then resolvable.
-            with contextlib.suppress(LedgerUnavailable):
-                await self.commands.append(abandon, self.verdict_timeout)
+            landed = await protocol.record(who, reserved, ended)
+            verdict = await protocol.await_outcome_verdict(who.key, landed.event.event_id)
+        except OutcomeVerdictPending as exc:
             raise Unavailable(
                 "ledger_unavailable",
-                f"the compensation {who.key} was not run: {exc}. Ask again once the ledger "
-                "answers; nothing was sent.",
-            ) from exc
-
-    async def _record(
-        self, reserved: CallReserved, who: CallIdentity, ended: Attempted
-    ) -> CallRecord:
-        event = outcome_event(self._envelope(who, self.clock()), reserved.reservation_id, ended)
-        try:
-            verdict = await self.commands.append_and_await(event, self.verdict_timeout)
-        except LedgerUnavailable as exc:
-            raise Unavailable(
-                "ledger_unavailable",
-                f"the compensation {who.key} ran and its outcome ({event.type}) is in the log, "
-                f"but no verdict came yet ({exc}); ask for the compensation again to finish it",
+                f"the compensation {who.key} ran, but its outcome has no verdict yet ({exc}); "
+                "ask for the compensation again to finish it",
             ) from exc
         if verdict.call is None:
             raise AssertionError(f"the verdict on the outcome of {who.key} carries no record")
         return verdict.call
 
-    @staticmethod
-    def _envelope(who: CallIdentity, at: datetime) -> Envelope:
-        return {
-            "key": who.key,
-            "run_id": who.run_id,
-            "tool_call_id": who.tool_call_id,
-            "tenant_id": who.tenant_id,
-            "occurred_at": at,
-        }
+    async def close(self, grace: float = 2.0) -> None:
+        """Let the abandons and outcomes still being appended land for `grace` seconds."""
+        await self.protocol.close(grace)

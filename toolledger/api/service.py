@@ -41,7 +41,7 @@ from toolledger.api.errors import (
 )
 from toolledger.api.inputs import clean_reason, decode_cursor, encode_cursor, storable, value_json
 from toolledger.events.fold import HistoryEntry
-from toolledger.events.lifecycle import CLOCK_SKEW_GRACE
+from toolledger.events.lifecycle import lapsed_before, open_until
 from toolledger.events.models import (
     CallApproved,
     CallCompensated,
@@ -74,7 +74,7 @@ def compensation_key(key: str) -> str:
 
 def resolvable_after(record: CallRecord) -> datetime | None:
     """When a `started` call may be settled by an operator (its deadline plus clock-skew grace)."""
-    return record.deadline + CLOCK_SKEW_GRACE if record.status == "started" else None
+    return open_until(record) if record.status == "started" else None
 
 
 @dataclass(frozen=True)
@@ -182,7 +182,7 @@ class OperatorService:
             contested=contested,
             after=decode_cursor(cursor) if cursor else None,
             limit=limit + 1,
-            started_deadline_before=self.clock() - CLOCK_SKEW_GRACE if overdue_only else None,
+            started_deadline_before=lapsed_before(self.clock()) if overdue_only else None,
         )
         found = await self.store.list_calls(query)
         items = [await self.commands.restored_call(c) for c in found[:limit]]
@@ -203,7 +203,7 @@ class OperatorService:
 
     async def counts(self, who: Operator) -> StatusCounts:
         """The tenant's calls per status, and how many `started` ones an operator may resolve."""
-        return await self.store.status_counts(who.tenant_id, self.clock() - CLOCK_SKEW_GRACE)
+        return await self.store.status_counts(who.tenant_id, lapsed_before(self.clock()))
 
     async def run(self, who: Operator, run_id: str) -> RunRecord | None:
         """The run `run_id` if this operator's tenant owns it (None otherwise, or if unknown)."""
@@ -493,5 +493,5 @@ class OperatorService:
         record = verdict.call
         after = None
         if verdict.reason == "before_deadline" and record is not None:
-            after = record.deadline + CLOCK_SKEW_GRACE
+            after = open_until(record)
         return Conflict(verdict.reason, verdict.detail, record, after)

@@ -33,6 +33,7 @@ from toolledger.cli import entry
 from toolledger.cli.entry import exit_status
 from toolledger.events.models import utcnow
 from toolledger.events.records import CallRecord, CallStatus
+from toolledger.runtime.stack_port import StackPort
 from toolledger.settings import OperatorSettings, load_settings
 from toolledger.stack import LedgerStack
 
@@ -80,11 +81,11 @@ def _run(
     async def main(settings: OperatorSettings) -> _T:
         registry = load_tools(tools) if tools else {}
         stack = await LedgerStack.connect(settings, create_topics=False)
+        compensator = None
         try:
-            compensator = None
             if registry:
                 compensator = RuntimeCompensator(
-                    stack.commands, registry, verdict_timeout=settings.verdict_timeout_s
+                    StackPort(stack), registry, verdict_timeout=settings.verdict_timeout_s
                 )
             service = OperatorService(
                 stack.store,
@@ -95,6 +96,8 @@ def _run(
             )
             return await body(service)
         finally:
+            if compensator is not None:
+                await compensator.close()
             await close_stack(stack)
 
     try:

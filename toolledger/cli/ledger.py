@@ -24,6 +24,7 @@ from toolledger.events.kafka import KafkaLog
 from toolledger.events.signing import VerifyKeys
 from toolledger.projections.postgres import PostgresLedger
 from toolledger.projections.replay import ReplayReport, compare, copy_blobs, replay
+from toolledger.projections.replay_processes import replay_in_processes
 from toolledger.projections.store import CallQuery
 from toolledger.settings import ProjectorSettings, Settings, load_settings
 
@@ -147,7 +148,15 @@ def dead_letters_list() -> None:
 @click.option(
     "--verify", is_flag=True, help="Compare with the live ledger; exit 1 on any difference."
 )
-def replay_command(into: str, verify: bool) -> None:
+@click.option(
+    "--processes",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Worker processes to fold the partitions (at most one per partition); the digest is "
+    "the same whatever the number.",
+)
+def replay_command(into: str, verify: bool, processes: int) -> None:
     """Re-fold toolledger.events from offset 0 into a fresh schema (and compare with --verify)."""
 
     async def body(settings: ProjectorSettings) -> ReplayReport:
@@ -156,7 +165,7 @@ def replay_command(into: str, verify: bool) -> None:
             f"verifying operator signatures with TOOLLEDGER_VERIFY_KEYS: {keys.describe()}",
             highlight=False,
         )
-        _, bootstrap = settings.require_services()
+        database_url, bootstrap = settings.require_services()
         log = KafkaLog(bootstrap, settings.events_topic)
         await log.start()
         live = await _store(settings)
@@ -186,7 +195,18 @@ def replay_command(into: str, verify: bool) -> None:
                 def advance(done: int, total: int) -> None:
                     bar.update(task, advance=done, total=total)
 
-                report = await replay(log, fresh, targets=targets, progress=advance)
+                if processes == 1:
+                    report = await replay(log, fresh, targets=targets, progress=advance)
+                else:
+                    report = await replay_in_processes(
+                        log,
+                        fresh,
+                        targets=targets,
+                        processes=processes,
+                        database_url=database_url,
+                        bootstrap=bootstrap,
+                        progress=advance,
+                    )
             blob_problems = await copy_blobs(live, fresh)
             if verify:
                 report.live_digest = await live.digest()

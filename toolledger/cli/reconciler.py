@@ -21,6 +21,7 @@ from toolledger.events.log import TopicMissing
 from toolledger.processors.app import DEFAULT_SESSION_TIMEOUT_S
 from toolledger.processors.reconciler import Reconciler, collect_tools, reconciler_app
 from toolledger.processors.schedule import ReconcilePolicy
+from toolledger.runtime.stack_port import StackPort
 from toolledger.settings import load_settings
 from toolledger.stack import LedgerStack
 
@@ -84,7 +85,7 @@ async def _run(
             )
         reconciler = Reconciler(
             tools,
-            stack.commands,
+            StackPort(stack),
             read_call=stack.store.get_call,
             read_history=stack.store.history if telemetry.tracing_enabled() else None,
             policy=policy,

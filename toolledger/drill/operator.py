@@ -27,7 +27,7 @@ from toolledger.api.service import Operator, OperatorService
 from toolledger.drill.billing import DrillBilling
 from toolledger.drill.ledgerdb import LedgerDB
 from toolledger.drill.model import TENANT
-from toolledger.events.lifecycle import CLOCK_SKEW_GRACE
+from toolledger.events.lifecycle import open_until
 from toolledger.events.models import utcnow
 from toolledger.events.records import UNSETTLED, CallRecord
 from toolledger.projections.dberrors import DATABASE_ERRORS
@@ -91,7 +91,7 @@ class DrillOperator:
         try:
             listed = await self.check_listing()
             for record in listed.values():
-                if record.tool == OPERATOR_TOOL and utcnow() > record.deadline + CLOCK_SKEW_GRACE:
+                if record.tool == OPERATOR_TOOL and utcnow() > open_until(record):
                     await self._settle(record)
         except (LedgerUnavailable, OperatorError) as exc:
             log.info("operator pass interrupted (%s); trying again", exc)

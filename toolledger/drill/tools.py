@@ -35,7 +35,7 @@ from toolledger import (
 )
 from toolledger.drill.billing import Credit, DrillBilling, KeyVoided
 from toolledger.drill.killpoints import KillPoints
-from toolledger.events.lifecycle import CLOCK_SKEW_GRACE
+from toolledger.events.lifecycle import open_until
 from toolledger.events.models import utcnow
 
 BILLING_ENV = "TOOLLEDGER_DRILL_BILLING"
@@ -69,7 +69,7 @@ async def find_or_void(record: ToolExecutionRecord, context: ToolContext) -> Rec
     so no credit only means "not yet": unknown. After it, the lookup voids the key in the same
     transaction, so no credit can appear any more and "failed" is proven.
     """
-    overdue = utcnow() > record.deadline + CLOCK_SKEW_GRACE + timedelta(milliseconds=1)
+    overdue = utcnow() > open_until(record) + timedelta(milliseconds=1)
     credit = billing().lookup(context.idempotency_key, void=overdue)
     if credit is not None:
         return ReconcileOutcome(status="completed", value=credit, result_reference=credit.credit_id)

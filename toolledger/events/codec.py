@@ -11,6 +11,14 @@ Two layers, so each can be tested and replaced on its own:
   (`toolledger.schemas`) and resolves it to the newest version of that record type, so old
   records keep decoding after the models grow.
 
+Both have a fast path that every event of the newest schemas takes, and a slow one that
+decides whenever the fast one cannot: bodies are written by a writer generated per schema
+(`toolledger.events.avro_write`, byte for byte fastavro's), else by the datum layer and
+fastavro; datums read by fastavro are checked and built by a reader generated per model
+(`toolledger.events.checks`), else validated by pydantic. A process that decodes what it
+encodes (the embedded stack) can have the codec remember the events behind its encodings
+(`Codec.remember_encoded`).
+
 Decoding fails in exactly one way, `DecodeError`, whose `reason` tells the projector what to do:
 an unknown fingerprint halts the partition (a producer is newer than this reader), anything else
 sends the record to the dead-letter topic. Any other exception escaping `decode` is a bug.
@@ -29,6 +37,8 @@ from fastavro import schemaless_reader, schemaless_writer
 from pydantic import ValidationError
 
 from toolledger.errors import ToolLedgerError
+from toolledger.events.avro_write import Writer, writer
+from toolledger.events.checks import EventChecks
 from toolledger.events.models import EVENT_TYPES, Event
 from toolledger.schemas import AvroSchema, SchemaRegistry
 
@@ -237,7 +247,10 @@ class Codec:
         self.registry = registry if registry is not None else SchemaRegistry.packaged()
         self._models: dict[str, type[Event]] = {m.__name__: m for m in EVENT_TYPES}
         self._writers: dict[type[Event], tuple[AvroSchema, _Plan]] = {}
-        self._readers: dict[bytes, tuple[type[Event], _Plan]] = {}
+        self._bodies: dict[type[Event], tuple[bytes, Writer]] = {}
+        self._remembered: dict[bytes, Event] = {}
+        self._remember = 0
+        self._readers: dict[bytes, tuple[type[Event], _Plan, EventChecks | None]] = {}
         for name in self.registry.names:
             schema = self.registry.latest(name)
             model = self._model_of(schema)
@@ -249,6 +262,9 @@ class Codec:
                     f"{sorted(fields - expected)}, only in the model {sorted(expected - fields)}"
                 )
             self._writers[model] = (schema, _plan(schema.definition, True, {}))
+            body = writer(schema, _micros)
+            if body is not None:
+                self._bodies[model] = (MARKER + schema.fingerprint, body)
             self._reader_plan(schema)
 
     def _model_of(self, schema: AvroSchema) -> type[Event]:
@@ -257,12 +273,17 @@ class Codec:
             raise ValueError(f"{schema.source}: no event model is named {schema.name}")
         return model
 
-    def _reader_plan(self, schema: AvroSchema) -> tuple[type[Event], _Plan]:
+    def _reader_plan(self, schema: AvroSchema) -> tuple[type[Event], _Plan, EventChecks | None]:
+        """The model, the datum plan and, for the newest schema of a type (whose fields are the
+        model's, checked above), the checks that build the model without pydantic."""
         found = self._readers.get(schema.fingerprint)
         if found is None:
+            model = self._model_of(schema)
+            latest = schema is self.registry.latest(schema.name)
             found = self._readers[schema.fingerprint] = (
-                self._model_of(schema),
+                model,
                 _plan(schema.definition, False, {}),
+                EventChecks(model, schema.definition) if latest else None,
             )
         return found
 
@@ -275,8 +296,15 @@ class Codec:
         return schema, _apply(plan, event.__dict__)
 
     def from_datum(self, datum: Mapping[str, Any], schema: AvroSchema) -> Event:
-        """The event a datum of `schema` holds; DecodeError("malformed") if it is not valid."""
-        model, plan = self._reader_plan(schema)
+        """The event a datum of `schema` holds; DecodeError("malformed") if it is not valid.
+
+        A datum that passes the model's checks (`toolledger.events.checks`) is built without
+        pydantic; any other is validated by pydantic, which says what is wrong with it.
+        """
+        model, plan, checks = self._reader_plan(schema)
+        event = None if checks is None else checks.event(datum)
+        if event is not None:
+            return event
         try:
             return model.model_validate(_apply(plan, datum))
         except (ValidationError, ValueError, OverflowError, TypeError, KeyError) as exc:
@@ -287,7 +315,42 @@ class Codec:
                 schema=schema,
             ) from exc
 
+    def remember_encoded(self, limit: int = 1024) -> None:
+        """From now on, remember the event behind each encoding until this process decodes it.
+
+        For a process that decodes what it encodes: the embedded stack's log, store and projector
+        share one, and decoding was the largest cost on a call's path there (BENCHMARKS.md, "the
+        event path's own CPU"). `decode` of bytes this codec encoded returns the event they were
+        encoded from, which is what decoding them gives for every event its model validated (or
+        a copy with valid values, as every append in toolledger is): the round trip tests
+        (`tests/unit/test_codec.py`) prove the same fields, values and order, hence the same
+        history text and digests. Each remembered event is forgotten once decoded, and the
+        oldest once `limit` wait; a second decode of the same bytes (a replay) decodes them.
+        """
+        self._remember = max(self._remember, limit)
+
     def encode(self, event: Event) -> bytes:
+        """Single-object encoding with the newest schema of the event's type (remembered for
+        `decode` after `remember_encoded`)."""
+        data = self._encode(event)
+        if self._remember:
+            remembered = self._remembered
+            if len(remembered) >= self._remember:
+                # Another thread encoding or decoding at once may empty it first: nothing lost.
+                with contextlib.suppress(RuntimeError, StopIteration, KeyError):
+                    del remembered[next(iter(remembered))]
+            remembered[data] = event
+        return data
+
+    def _encode(self, event: Event) -> bytes:
+        """The body by the generated writer (`toolledger.events.avro_write`), else by fastavro,
+        which also writes, or refuses, whatever the generated writer could not."""
+        fast = self._bodies.get(type(event))
+        if fast is not None:
+            try:
+                return fast[0] + fast[1](event)
+            except (ValueError, TypeError, KeyError, AttributeError, OverflowError):
+                pass
         schema, datum = self.to_datum(event)
         try:
             return frame(schema, datum)
@@ -298,6 +361,10 @@ class Codec:
             ) from exc
 
     def decode(self, data: bytes) -> Event:
+        if self._remembered:
+            event = self._remembered.pop(data, None)
+            if event is not None:
+                return event
         datum = unframe(self.registry, data)
         return self.from_datum(datum.value, datum.reader)
 

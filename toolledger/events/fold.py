@@ -20,10 +20,11 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict
 
-from toolledger.events.lifecycle import decide
+from toolledger.events.lifecycle import decide, new_run
 from toolledger.events.models import Event, OperatorEvent, ReconcileAttempted, canonical_json
 from toolledger.events.records import CallRecord, Reason, RunRecord, Verdict
 from toolledger.events.signing import VerifyKeys
+from toolledger.events.trusted import build, replace
 
 
 class HistoryEntry(BaseModel):
@@ -110,43 +111,49 @@ def actor_of(event: Event) -> str:
     """Who appended an event, as auditors read it: an operator's id, else the process."""
     if isinstance(event, OperatorEvent):
         return f"operator:{event.operator}"
+    # `__dict__`, not getattr: a pydantic model raises (slowly) for a field it does not have.
     source = (
         "reconcile"
         if isinstance(event, ReconcileAttempted)
-        else getattr(event, "source", "runtime")
+        else event.__dict__.get("source", "runtime")
     )
-    return f"{source}:{event.producer.host}/{event.producer.pid}"
+    producer = event.producer
+    return f"{source}:{producer.host}/{producer.pid}"
 
 
 def history_entry(item: Positioned, verdict: Verdict, previous: str | None) -> HistoryEntry:
-    """The history entry of a decided event; `previous` is its key's chain head."""
+    """The history entry of a decided event; `previous` is its key's chain head. Built from
+    the validated event and verdict without validating again (`toolledger.events.trusted`)."""
     event = item.event
     version = verdict.call.version if verdict.call is not None and event.tool_call_id else None
     if event.tool_call_id is None and verdict.run is not None:
         version = verdict.run.version
     event_json = event.history_json()
-    return HistoryEntry(
-        key=event.key,
-        event_id=event.event_id,
-        event_type=event.type,
-        partition=item.partition,
-        offset=item.offset,
-        accepted=verdict.accepted,
-        reason=verdict.reason,
-        detail=verdict.detail,
-        occurred_at=event.occurred_at,
-        actor=actor_of(event),
-        version=version,
-        event_json=event_json,
-        chain_hash=chain_hash(previous, event_json, verdict.accepted, verdict.reason),
+    return build(
+        HistoryEntry,
+        {
+            "key": event.key,
+            "event_id": event.event_id,
+            "event_type": event.type,
+            "partition": item.partition,
+            "offset": item.offset,
+            "accepted": verdict.accepted,
+            "reason": verdict.reason,
+            "detail": verdict.detail,
+            "occurred_at": event.occurred_at,
+            "actor": actor_of(event),
+            "version": version,
+            "event_json": event_json,
+            "chain_hash": chain_hash(previous, event_json, verdict.accepted, verdict.reason),
+        },
     )
 
 
 def quarantined(run: RunRecord | None, run_id: str, reason: str) -> RunRecord:
     """The run record after a dead letter named it: quarantined, tenant kept if known."""
     if run is None:
-        return RunRecord(run_id=run_id, tenant_id=None, quarantined=True, quarantine_reason=reason)
-    return run.model_copy(update={"quarantined": True, "quarantine_reason": reason})
+        run = new_run(run_id, None, None)
+    return replace(run, {"quarantined": True, "quarantine_reason": reason})
 
 
 @dataclass

@@ -13,7 +13,7 @@ would fold an old log differently.
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import assert_never
 
 from toolledger.events.models import (
@@ -48,10 +48,32 @@ from toolledger.events.records import (
     Verdict,
 )
 from toolledger.events.signing import VerifyKeys
+from toolledger.events.trusted import build, replace
 
 #: How long after a reservation's deadline a `started` call may be settled by someone other than
 #: its runtime. Covers clock skew between the runtime that set the deadline and whoever settles.
 CLOCK_SKEW_GRACE = timedelta(seconds=5)
+
+
+def open_until(call: CallRecord) -> datetime:
+    """Until when a `started` call may still be running: its deadline plus `CLOCK_SKEW_GRACE`."""
+    return call.deadline + CLOCK_SKEW_GRACE
+
+
+def may_still_run(call: CallRecord, at: datetime) -> bool:
+    """Whether `call` may still be running at `at`: it is `started` and not past `open_until`.
+
+    While it may, only its own runtime settles it: a reconcile finding `failed` and an
+    operator's resolution are rejected (`before_deadline`), a replay answers "in progress".
+    """
+    return call.status == "started" and at <= open_until(call)
+
+
+def lapsed_before(now: datetime) -> datetime:
+    """The deadline before which a `started` call no longer may run at `now` (`may_still_run`
+    as a bound on stored deadlines, for the queries that list or count such calls)."""
+    return now - CLOCK_SKEW_GRACE
+
 
 _FINISHED = frozenset({"completed", "failed", "cancelled"})
 
@@ -145,25 +167,18 @@ class _Decision:
         return self._verdict(True, "accepted", detail, call or self.call, run or self._bound_run())
 
     def update_call(self, **changes: object) -> CallRecord:
-        """The current call record with `changes`, one version later."""
+        """The current call record with `changes`, one version later (not validated again:
+        every value comes from a validated event or record, `toolledger.events.trusted`)."""
         assert self.call is not None
-        return self.call.model_copy(
-            update={
-                **changes,
-                "version": self.call.version + 1,
-                "updated_at": self.event.occurred_at,
-            }
-        )
+        changes["version"] = self.call.version + 1
+        changes["updated_at"] = self.event.occurred_at
+        return replace(self.call, changes)
 
     def _bound_run(self) -> RunRecord:
         """The run record after an accepted call event: the first one binds the tenant."""
         if self.run is not None:
             return self.run
-        return RunRecord(
-            run_id=self.event.run_id,
-            tenant_id=self.event.tenant_id,
-            updated_at=self.event.occurred_at,
-        )
+        return new_run(self.event.run_id, self.event.tenant_id, self.event.occurred_at)
 
     def _verdict(
         self,
@@ -173,17 +188,79 @@ class _Decision:
         call: CallRecord | None,
         run: RunRecord | None,
     ) -> Verdict:
-        return Verdict(
-            event_id=self.event.event_id,
-            event_type=self.event.type,
-            key=self.event.key,
-            run_id=self.event.run_id,
-            accepted=accepted,
-            reason=reason,
-            detail=detail,
-            call=call,
-            run=run,
+        event = self.event
+        return build(
+            Verdict,
+            {
+                "event_id": event.event_id,
+                "event_type": event.type,
+                "key": event.key,
+                "run_id": event.run_id,
+                "accepted": accepted,
+                "reason": reason,
+                "detail": detail,
+                "call": call,
+                "run": run,
+            },
         )
+
+
+def new_run(run_id: str, tenant_id: str | None, at: datetime | None) -> RunRecord:
+    """A run's first record (running, no checkpoint yet), as `RunRecord(...)` would make it."""
+    return build(
+        RunRecord,
+        {
+            "run_id": run_id,
+            "tenant_id": tenant_id,
+            "version": None,
+            "status": "running",
+            "agent": "",
+            "checkpoint_calls": (),
+            "state_json": "{}",
+            "state_blob": None,
+            "waiting_on": None,
+            "abandoned": (),
+            "quarantined": False,
+            "quarantine_reason": None,
+            "updated_at": at,
+        },
+    )
+
+
+def _new_call(e: CallReserved) -> CallRecord:
+    """The record an accepted first reservation creates, as `CallRecord(...)` would make it."""
+    return build(
+        CallRecord,
+        {
+            "key": e.key,
+            "run_id": e.run_id,
+            "tool_call_id": e.tool_call_id,
+            "tenant_id": e.tenant_id,
+            "tool": e.tool,
+            "effect": e.effect,
+            "status": "awaiting_approval" if e.requires_approval else "started",
+            "version": 1,
+            "reservation_id": e.reservation_id,
+            "args_digest": e.args_digest,
+            "arguments_json": e.arguments_json,
+            "requires_approval": e.requires_approval,
+            "deadline": e.deadline,
+            "not_attempted": False,
+            "result_json": None,
+            "result_reference": None,
+            "error": None,
+            "settled_by": None,
+            "operator": None,
+            "reason": None,
+            "reconcile_attempts": 0,
+            "contested": False,
+            "contested_evidence": None,
+            "arguments_blob": e.arguments_blob,
+            "result_blob": None,
+            "created_at": e.occurred_at,
+            "updated_at": e.occurred_at,
+        },
+    )
 
 
 def _fence(d: _Decision, e: CallReserved) -> Verdict | None:
@@ -229,25 +306,7 @@ def _reserved(d: _Decision, e: CallReserved) -> Verdict:
         )
     call = d.call
     if call is None:
-        new = CallRecord(
-            key=e.key,
-            run_id=e.run_id,
-            tool_call_id=e.tool_call_id,
-            tenant_id=e.tenant_id,
-            tool=e.tool,
-            effect=e.effect,
-            status="awaiting_approval" if e.requires_approval else "started",
-            version=1,
-            reservation_id=e.reservation_id,
-            args_digest=e.args_digest,
-            arguments_json=e.arguments_json,
-            arguments_blob=e.arguments_blob,
-            requires_approval=e.requires_approval,
-            deadline=e.deadline,
-            created_at=e.occurred_at,
-            updated_at=e.occurred_at,
-        )
-        return d.accept(_with_warning(f"{e.key} reserved", e), new)
+        return d.accept(_with_warning(f"{e.key} reserved", e), _new_call(e))
     if call.args_digest != e.args_digest:
         return d.reject(
             "key_conflict",
@@ -397,14 +456,12 @@ def _reconcile_finding(d: _Decision, e: CallCompleted | CallFailed | ReconcileAt
             "version_mismatch",
             f"{e.key} is at version {call.version}, the finding expected {e.expected_version}",
         )
-    if isinstance(e, CallFailed) and call.status == "started":
-        open_until = call.deadline + CLOCK_SKEW_GRACE
-        if e.occurred_at <= open_until:
-            return d.reject(
-                "before_deadline",
-                f"{e.key} may still be running until {open_until.isoformat()}; it cannot be "
-                "settled failed before then",
-            )
+    if isinstance(e, CallFailed) and may_still_run(call, e.occurred_at):
+        return d.reject(
+            "before_deadline",
+            f"{e.key} may still be running until {open_until(call).isoformat()}; it cannot be "
+            "settled failed before then",
+        )
     match e:
         case CallCompleted():
             new = d.update_call(
@@ -432,11 +489,7 @@ def _reconcile_finding(d: _Decision, e: CallCompleted | CallFailed | ReconcileAt
 def _abandoned(d: _Decision, e: CallAbandoned) -> Verdict:
     run = d._bound_run()
     tomb = str(e.reservation_id)
-    run = (
-        run.model_copy(update={"abandoned": (*run.abandoned, tomb)})
-        if tomb not in run.abandoned
-        else run
-    )
+    run = replace(run, {"abandoned": (*run.abandoned, tomb)}) if tomb not in run.abandoned else run
     call = d.call
     if call is not None and call.reservation_id == e.reservation_id:
         if call.status not in ("started", "awaiting_approval", "approved"):
@@ -483,12 +536,11 @@ def _operator(
         who |= {"contested": False, "contested_evidence": None}
     match e:
         case CallResolved():
-            open_until = call.deadline + CLOCK_SKEW_GRACE
-            if call.status == "started" and e.occurred_at <= open_until:
+            if may_still_run(call, e.occurred_at):
                 return d.reject(
                     "before_deadline",
                     f"{e.key} is started and may still be running; resolve it after "
-                    f"{open_until.isoformat()}",
+                    f"{open_until(call).isoformat()}",
                 )
             if e.outcome == "completed":
                 new = d.update_call(
@@ -537,13 +589,8 @@ def _run_event(
         if run is not None and run.version is not None:
             return d.reject("run_exists", f"run {e.run_id} was already started")
         base = d._bound_run()
-        new = base.model_copy(
-            update={
-                "version": 0,
-                "status": "running",
-                "agent": e.agent,
-                "updated_at": e.occurred_at,
-            }
+        new = replace(
+            base, {"version": 0, "status": "running", "agent": e.agent, "updated_at": e.occurred_at}
         )
         return d.accept(f"run {e.run_id} started", run=new)
     if run is None or run.version is None:
@@ -575,5 +622,6 @@ def _run_event(
             update = {"status": e.outcome, "waiting_on": None}
         case _:
             assert_never(e)
-    new = run.model_copy(update={**update, "updated_at": e.occurred_at})
+    update["updated_at"] = e.occurred_at
+    new = replace(run, update)
     return d.accept(f"run {e.run_id} {e.type}", run=new)

@@ -120,6 +120,7 @@ class MemoryLog(EventLog):
         self.topic = topic
         self.max_record_bytes = max_record_bytes
         self.broker = broker if broker is not None else MemoryBroker()
+        self._partition_of: dict[str, int] = {}
         if partitions is not None:
             self._ensure(partitions)
 
@@ -169,8 +170,17 @@ class MemoryLog(EventLog):
         topic = self._existing()
         encoded = key.encode()
         check_record_size(self.topic, encoded, value, headers, self.max_record_bytes)
-        partition = partition_for(key, len(topic.partitions))
-        return topic.append(partition, encoded, value, headers)
+        return topic.append(self._partition(key, len(topic.partitions)), encoded, value, headers)
+
+    def _partition(self, key: str, partitions: int) -> int:
+        """`partition_for` (pure-Python murmur2), remembered per key: a run appends many times.
+        Keyed by the count too, although a topic's never changes."""
+        found = self._partition_of.get(key)
+        if found is None or found >= partitions:
+            if len(self._partition_of) >= 100_000:
+                self._partition_of.clear()
+            found = self._partition_of[key] = partition_for(key, partitions)
+        return found
 
     def reader(self) -> LogReader:
         return MemoryReader(self.broker, self.topic)
@@ -187,13 +197,24 @@ def _missing(topic: str) -> str:
 
 
 class MemoryReader(LogReader):
-    """Reads a `MemoryLog` topic from given offsets, waking as soon as a record is appended."""
+    """Reads a `MemoryLog` topic from given offsets, waking as soon as a record is appended.
+
+    A fetch that waits is woken by the next append or by the reader's alarm, whichever comes
+    first. The alarm is one timer per reader, left set when records wake a fetch and reused by
+    the next fetch if it rings no later than that fetch's deadline: a timer armed and cancelled
+    per fetch cost the embedded projector more than reading did (each is a heap entry, and the
+    heap is full of every call's cancelled timeouts; BENCHMARKS.md, "the event path's own CPU").
+    A fetch woken early by the alarm set for another finds nothing and waits again.
+    """
 
     def __init__(self, broker: MemoryBroker, topic: str) -> None:
         self._broker = broker
         self._topic = topic
         self._positions: dict[int, int] = {}
         self._turn = 0
+        self._alarm: asyncio.TimerHandle | None = None
+        self._alarm_loop: asyncio.AbstractEventLoop | None = None
+        self._waiter: asyncio.Future[None] | None = None
 
     async def assign(self, positions: Mapping[int, int]) -> None:
         topic = self._broker._get(self._topic)
@@ -214,17 +235,35 @@ class MemoryReader(LogReader):
         if topic is None or not self._positions:
             await asyncio.sleep(max_wait)
             return {}
-        deadline = asyncio.get_running_loop().time() + max_wait
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max_wait
         while not (found := self._take(topic, max_records)):
-            waiter = topic.waiter()
-            try:
-                async with asyncio.timeout_at(deadline):
-                    await waiter
-            except TimeoutError:
+            if loop.time() >= deadline:
                 return {}
+            self._alarm_by(loop, deadline)
+            self._waiter = waiter = topic.waiter()
+            try:
+                await waiter
             finally:
+                self._waiter = None
                 topic.forget(waiter)
         return found
+
+    def _alarm_by(self, loop: asyncio.AbstractEventLoop, deadline: float) -> None:
+        """An alarm that rings no later than `deadline`: the one already set if it does."""
+        alarm = self._alarm
+        if alarm is not None and self._alarm_loop is loop and alarm.when() <= deadline:
+            return
+        if alarm is not None:
+            alarm.cancel()
+        self._alarm = loop.call_at(deadline, self._ring)
+        self._alarm_loop = loop
+
+    def _ring(self) -> None:
+        self._alarm = None
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def _take(self, topic: _Topic, max_records: int) -> dict[int, list[LogRecord]]:
         """Up to `max_records` new records, starting at a different partition each call so a busy
@@ -246,3 +285,6 @@ class MemoryReader(LogReader):
 
     async def close(self) -> None:
         self._positions = {}
+        if self._alarm is not None:
+            self._alarm.cancel()
+            self._alarm = None

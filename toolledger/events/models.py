@@ -48,6 +48,8 @@ Long = Annotated[int, Field(ge=0, le=2**63 - 1)]
 
 
 def _as_utc(value: datetime) -> datetime:
+    if value.tzinfo is UTC:  # the usual case (`utcnow`, a decoded timestamp): already so
+        return value
     if value.tzinfo is None:
         raise ValueError("timestamps must be timezone-aware (UTC)")
     return value.astimezone(UTC)
@@ -82,6 +84,9 @@ def _clean(value: Any) -> Any:
         return _UNSTORABLE.sub("\ufffd", value) if _UNSTORABLE.search(value) else value
     if isinstance(value, dict):
         for item in value.values():
+            # Inline for the usual item, a clean string: one call per event, not one per field.
+            if item.__class__ is str and item.isascii() and "\x00" not in item:
+                continue
             if _clean(item) is not item:
                 return {k: _clean(v) for k, v in value.items()}
         return value
@@ -93,14 +98,25 @@ def _clean(value: Any) -> Any:
     return value
 
 
+#: `json.dumps` with these arguments, made once: `dumps` builds an encoder per call otherwise.
+_CANONICAL = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str
+)
+
+
 def canonical_json(value: Any) -> str:
     """JSON with sorted keys and no whitespace: the form that digests and signatures cover."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    return _CANONICAL.encode(value)
 
 
 def args_digest(arguments: Any) -> str:
     """SHA-256 of the canonical JSON of a call's arguments (the key-conflict fingerprint)."""
-    return hashlib.sha256(canonical_json(arguments).encode()).hexdigest()
+    return digest_of_canonical(canonical_json(arguments))
+
+
+def digest_of_canonical(text: str) -> str:
+    """`args_digest` of arguments whose canonical JSON is `text` (already made)."""
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def call_key(run_id: str, tool_call_id: str) -> str:
@@ -129,7 +145,17 @@ class Producer(_Storable):
 
     @classmethod
     def this_process(cls) -> Producer:
-        return cls(host=socket.gethostname(), pid=os.getpid())
+        """This process, made once per process id (a forked child gets its own): every event
+        an envelope builds names it, and the model is frozen, so they share one."""
+        pid = os.getpid()
+        found = _THIS_PROCESS.get(pid)
+        if found is None:
+            _THIS_PROCESS.clear()
+            found = _THIS_PROCESS[pid] = cls(host=socket.gethostname(), pid=pid)
+        return found
+
+
+_THIS_PROCESS: dict[int, Producer] = {}
 
 
 class Signature(_Storable):

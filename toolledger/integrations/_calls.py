@@ -185,7 +185,7 @@ async def _twin(
 ) -> CallRecord | None:
     """Another call of this run, same tool and argument digest, unsettled or settled after
     being unknown (completed by an operator or reconciler); None if there is none."""
-    calls = await ledger.stack.store.list_calls(
+    calls = await ledger.port.list_calls(
         CallQuery(tenant_id=tenant_id, run_id=key.run_id, tool=tool.name, limit=500)
     )
     others = [c for c in calls if c.tool_call_id != key.tool_call_id]

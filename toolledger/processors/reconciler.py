@@ -10,9 +10,10 @@ on evidence (guarantee 6). This processor gathers the evidence continuously:
    is due (`toolledger.processors.schedule`) and still at that version in the ledger (one point
    read, because the table can lag a few facts behind after a restart), asks the tool's
    reconcile hook.
-3. The answer becomes a finding (`toolledger.processors.findings`: `CallCompleted` or
-   `CallFailed` with source `reconcile`, or `ReconcileAttempted`), appended through
-   `LedgerCommands` like any other request, carrying the reservation and the record version the
+3. The answer becomes a finding (`toolledger.runtime.reconcile`, the rule a replaying runtime
+   applies too: `CallCompleted` or `CallFailed` with source `reconcile`, or
+   `ReconcileAttempted`), settled through the call protocol (`CallProtocol.settle`, a bounded
+   `WaitPolicy`) like any other request, carrying the reservation and the record version the
    reconciler saw. No verdict in time (`LedgerUnavailable`): the call is asked again later.
 
 Correctness does not rest on this process. The decider accepts a finding only for the current
@@ -53,12 +54,13 @@ from toolledger.events.records import CallRecord, Verdict
 from toolledger.modules import ModuleLoadError, import_user_module
 from toolledger.processors.app import DEFAULT_SESSION_TIMEOUT_S, processor_app
 from toolledger.processors.app import facts_topic as facts_topic_of
-from toolledger.processors.findings import Finding, ask_hook, finding_for
 from toolledger.processors.schedule import ReconcilePolicy, exhausted, is_due
 from toolledger.processors.unsettled import UnsettledRun, fold_fact, parse_facts
-from toolledger.projections.commands import LedgerCommands
 from toolledger.projections.facts import Fact
 from toolledger.projections.verdicts import LedgerUnavailable
+from toolledger.runtime.port import RuntimePort
+from toolledger.runtime.protocol import CallProtocol, WaitPolicy
+from toolledger.runtime.reconcile import Finding, ask_hook, finding_for
 from toolledger.runtime.tools import Tool, Toolset
 from toolledger.settings import Settings
 
@@ -109,7 +111,7 @@ class Reconciler:
     def __init__(
         self,
         tools: Mapping[str, AnyTool],
-        commands: LedgerCommands,
+        port: RuntimePort,
         *,
         policy: ReconcilePolicy | None = None,
         policies: Mapping[str, ReconcilePolicy] | None = None,
@@ -121,12 +123,12 @@ class Reconciler:
         clock: Callable[[], datetime] = utcnow,
     ) -> None:
         self.tools = dict(tools)
-        self.commands = commands
+        self.port = port
+        self.protocol = CallProtocol(port, WaitPolicy.request(verdict_timeout), clock=clock)
         self.read_call = read_call
         self.read_history = read_history
         self.policy = policy or ReconcilePolicy()
         self.policies = dict(policies or {})
-        self.verdict_timeout = verdict_timeout
         self.retry_after = retry_after
         self.concurrency = concurrency
         self.clock = clock
@@ -201,7 +203,7 @@ class Reconciler:
                 self._asked.add(mark)  # the table lags the ledger; wait for it to catch up
                 return
             # The hook reads the arguments: restore them if they travel by reference.
-            record = await self.commands.restored_call(record)
+            record = await self.port.restored_call(record)
             parent = await self._reservation_context(record)
             with names.tracer().start_as_current_span(
                 RECONCILE_SPAN, context=parent, attributes=_attempt_attributes(record, tool)
@@ -210,7 +212,7 @@ class Reconciler:
                 span.set_attribute(names.FINDING, found.status)
                 finding = finding_for(record, tool, found, self.clock())
                 try:
-                    verdict = await self.commands.append_and_await(finding, self.verdict_timeout)
+                    verdict = await self.protocol.settle(finding)
                 except LedgerUnavailable as exc:
                     FINDINGS.labels(tool.name, finding.type, "unavailable").inc()
                     span.set_attribute(names.VERDICT, "unavailable")

@@ -27,7 +27,7 @@ from toolledger.modules import ModuleLoadError, import_user_module
 from toolledger.processors.app import DEFAULT_SESSION_TIMEOUT_S, processor_app
 from toolledger.processors.app import facts_topic as facts_topic_of
 from toolledger.projections.facts import Fact, facts_in
-from toolledger.runtime.runs import PAUSED, wait_is_over
+from toolledger.runtime.pauses import PAUSED, wait_is_over
 from toolledger.settings import Settings
 
 log = logging.getLogger("toolledger.resumer")

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from toolledger.events.lifecycle import CLOCK_SKEW_GRACE
+from toolledger.events.lifecycle import open_until
 from toolledger.events.records import UNSETTLED, CallRecord
 
 
@@ -65,7 +65,7 @@ def lease_end(record: CallRecord, policy: ReconcilePolicy) -> datetime:
     """When a `started` call stops being presumed still running."""
     if policy.lease is not None:
         return record.updated_at + policy.lease
-    return record.deadline + CLOCK_SKEW_GRACE
+    return open_until(record)
 
 
 def next_attempt_at(record: CallRecord, policy: ReconcilePolicy) -> datetime | None:

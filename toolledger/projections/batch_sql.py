@@ -13,6 +13,11 @@
   if it hits, rows, history, verdicts, dead letters, the offset and the notifications commit
   together, as that statement's own transaction.
 
+A small batch announces each new verdict with the verdict itself when it fits a notification
+payload (`toolledger.projections.verdicts` says why that is safe), else with its event_id alone;
+its waiters are the ones a call's latency depends on. A large batch announces event_ids only
+(`toolledger.projections.postgres` says why).
+
 Loading before the compare-and-set is exact, not optimistic: a partition's rows only change in a
 statement whose CAS moves that partition's offset forward, offsets never move back, and the
 caller learned `start_offset` from a committed state. So if the CAS finds `start_offset` at the
@@ -34,6 +39,7 @@ import asyncpg
 from toolledger.events.fold import HistoryEntry
 from toolledger.events.records import CallRecord, RunRecord
 from toolledger.projections.migrations import quote_ident
+from toolledger.projections.verdicts import NOTIFY_PAYLOAD_LIMIT
 
 CALL_TYPES: dict[str, str] = {
     "key": "text",
@@ -179,6 +185,17 @@ def loaded(
     return calls, runs, decided, heads
 
 
+def _notification(event_id: str, verdict_json: str) -> str:
+    """The SQL of a verdict's notification payload, from the SQL of its event_id and its JSON:
+    `<event_id> <verdict JSON>`, or the event_id alone when that would not fit (PostgreSQL
+    refuses a payload of `NOTIFY_PAYLOAD_LIMIT` bytes; the waiter then reads the verdict)."""
+    room = NOTIFY_PAYLOAD_LIMIT - len(" ") - 36
+    return (
+        f"CASE WHEN octet_length({verdict_json}) < {room} "
+        f"THEN {event_id}::text || ' ' || {verdict_json} ELSE {event_id}::text END"
+    )
+
+
 def array_literal(items: Sequence[str]) -> str:
     """`items` as a PostgreSQL array literal: every element quoted, `"` and `\\` escaped."""
     quoted = (s.replace("\\", "\\\\").replace('"', '\\"') for s in items)
@@ -189,8 +206,9 @@ class SmallBatch:
     """The one statement that writes a small batch, and its arguments.
 
     Parameters: $1 partition, $2 start offset, $3 next offset, $4 notify channel, then one
-    array per column of history, verdicts, calls, runs and dead letters (in that order), then
-    the event_ids to announce, in log order. It returns `moved`: 1 if the CAS hit, else 0.
+    array per column of history, verdicts, calls, runs and dead letters (in that order). Each
+    verdict is announced, in log order (the order of its rows). It returns `moved`: 1 if the
+    CAS hit, else 0.
     """
 
     TABLES: tuple[tuple[str, Mapping[str, str], str | None], ...] = (
@@ -208,12 +226,17 @@ class SmallBatch:
             "WHERE partition = $1 AND next_offset = $2 RETURNING partition)"
         ]
         param = 5
+        first: dict[str, int] = {}
         for n, (table, types, conflict) in enumerate(self.TABLES):
             parts.append(f"write{n} AS ({_insert(table, types, param, conflict)})")
+            first[table] = param
             param += len(types)
+        ids = first["verdicts"] + list(VERDICT_TYPES).index("event_id")
+        texts = first["verdicts"] + list(VERDICT_TYPES).index("verdict_json")
         parts.append(
-            f"announced AS (SELECT pg_notify($4, id::text) FROM unnest(${param}::uuid[]) "  # noqa: S608
-            "AS ids(id) WHERE EXISTS (SELECT FROM moved))"
+            f"announced AS (SELECT pg_notify($4, {_notification('v.id', 'v.text')}) "  # noqa: S608
+            f"FROM unnest(${ids}::uuid[], ${texts}::text[]) AS v(id, text) "
+            "WHERE EXISTS (SELECT FROM moved))"
         )
         self.statement = (
             ", ".join(parts)  # noqa: S608
@@ -226,7 +249,6 @@ class SmallBatch:
         position: tuple[int, int, int],
         channel: str,
         rows: tuple[Sequence[Sequence[Any]], ...],
-        announce: Sequence[Any],
     ) -> list[Any]:
         """Arguments for `statement`: `position` is (partition, start, next offset), `rows` the
         history, verdict, call, run and dead-letter rows in `TABLES` order."""
@@ -241,7 +263,6 @@ class SmallBatch:
                 args += [list(column) for column in zip(*table_rows, strict=True)]
             else:
                 args += [[] for _ in types]
-        args.append(list(announce))
         return args
 
     def _run(self, row: Sequence[Any]) -> list[Any]:

@@ -92,10 +92,14 @@ def facts_of(
         FactText(
             v.run_id,
             f'{{"partition":{h.partition},"offset":{h.offset},"verdict":{j},'
-            f'"event_json":{json.dumps(h.event_json)}}}',
+            f'"event_json":{_json_string(h.event_json)}}}',
         )
         for h, v, j in zip(history, verdicts, verdict_json, strict=True)
     ]
+
+
+#: `json.dumps` of a string, without the call's encoder set-up (the same C function it uses).
+_json_string = json.encoder.encode_basestring_ascii
 
 
 def packs(facts: Sequence[FactText], limit: int = PACK_BYTES) -> Iterator[list[FactText]]:
@@ -136,17 +140,19 @@ class FactsPublisher:
         groups: dict[int, list[FactText]] = {}
         for fact in facts:
             groups.setdefault(self._partition(fact.run_id), []).append(fact)
-        await asyncio.gather(
-            *(
-                self.log.append(
-                    pack[0].run_id,
-                    f"[{','.join(f.json for f in pack)}]".encode(),
-                    [("facts", str(len(pack)).encode())],
-                )
-                for group in groups.values()
-                for pack in packs(group, self.pack_bytes)
+        appends = [
+            self.log.append(
+                pack[0].run_id,
+                f"[{','.join(f.json for f in pack)}]".encode(),
+                [("facts", str(len(pack)).encode())],
             )
-        )
+            for group in groups.values()
+            for pack in packs(group, self.pack_bytes)
+        ]
+        if len(appends) == 1:  # the usual small batch: no task for a gather of one
+            await appends[0]
+        else:
+            await asyncio.gather(*appends)
         self.published += len(facts)
 
     def _partition(self, run_id: str) -> int:

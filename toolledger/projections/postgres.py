@@ -15,7 +15,10 @@ transaction, in this order:
    decided so far: PostgreSQL works while Python folds.
 4. The changed calls go through a temporary table and one upsert, runs and dead letters through
    `executemany`, and one statement sends `pg_notify(notify_channel, event_id)` for each new
-   verdict, in log order: a hint delivered on commit, never the truth.
+   verdict, in log order: a hint delivered on commit, on which waiters read their verdicts.
+   Only a small batch's notifications carry the verdicts themselves (`batch_sql`): a large one
+   is a catch-up, whose waiters are few, and copying thousands of verdicts into PostgreSQL's
+   notification queue would cost every catch-up batch a few microseconds per event.
 
 Statements are prepared once per connection (asyncpg's statement cache), and the pool does not
 reset sessions between uses (`_keep_session` says why that is safe). Every connection's
@@ -370,7 +373,7 @@ class PostgresLedger(LedgerStore):
 
     @property
     def notify_channel(self) -> str:
-        """Where each committed verdict's event_id is announced (`LISTEN` on it)."""
+        """Where each committed verdict is announced (`LISTEN` on it; `verdicts` says how)."""
         return notify_channel_for(self._schema)
 
     async def start(self) -> None:
@@ -473,8 +476,7 @@ class PostgresLedger(LedgerStore):
             list(map(_run_values, outcome.runs)),
             list(map(_dead_values, outcome.dead_letters)),
         )
-        announce = [v.event_id for v in outcome.verdicts]
-        args = _SMALL.arguments(position, self.notify_channel, rows, announce)
+        args = _SMALL.arguments(position, self.notify_channel, rows)
         try:
             moved = await conn.fetchval(_SMALL.statement, *args)
         except asyncpg.LockNotAvailableError:

@@ -91,6 +91,7 @@ class Projector:
         identity_interval: float = 2.0,
         broker_retry: float = 1.0,
         decode: Callable[[bytes], Event] = decode,
+        facts_in_background: bool = True,
     ) -> None:
         self.log = log
         self.store = store
@@ -105,6 +106,7 @@ class Projector:
         self.broker_retry = broker_retry
         self._identity_failure: LogIdentityError | None = None
         self.decode = decode
+        self.facts_in_background = facts_in_background
         self.stats = ProjectorStats()
         self._resync: set[int] = set()
         self._owned: dict[int, int] = {}
@@ -356,9 +358,16 @@ class Projector:
         are acknowledged, so a crash republishes from the mark (at least once, as before), and
         `on_verdicts` still hears of verdicts only once their facts are out. A failure to publish
         stops the projector as it did before (from the next step); the next owner republishes.
+
+        With `facts_in_background=False` (the embedded stack, whose facts log is in memory and
+        answers at once) they are published before this returns: a task per batch bought
+        nothing there, and cost more than publishing.
         """
         await self._facts_sent()
         facts = facts_of(applied.history, applied.verdicts, applied.verdict_json())
+        if not self.facts_in_background:
+            await self._send_facts(partition, facts, applied.verdicts, next_offset)
+            return
         self._facts_in_flight = asyncio.create_task(
             self._send_facts(partition, facts, applied.verdicts, next_offset),
             name="toolledger-facts",

@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from toolledger.events.fold import broken_chains
-from toolledger.events.log import EventLog, LogIdentityError
+from toolledger.events.log import EventLog, LogIdentity, LogIdentityError, LogRecord
 from toolledger.events.payloads import OFFLOADABLE, digest_of
 from toolledger.projections.decoding import decode_records
+from toolledger.projections.gc_pause import gc_paused
 from toolledger.projections.store import LedgerSnapshot, LedgerStore
 
 Progress = Callable[[int, int], None]
@@ -65,15 +66,45 @@ async def replay(
     key id not among them stops the replay (`LogIdentityError` saying so) rather than fold a
     verdict that would depend on which keys this process has.
     """
+    identity = await bind_empty(log, into)
+    report = ReplayReport(targets=dict(targets))
+    wanted = {p: targets[p] for p in range(identity.partitions) if p in targets}
+    report.events, report.dead_letters = await fold_partitions(
+        log, into, wanted, progress=progress, batch_size=batch_size
+    )
+    report.replay_digest = await into.digest()
+    return report
+
+
+async def bind_empty(log: EventLog, into: LedgerStore) -> LogIdentity:
+    """Bind `into` to the log's identity; `LogIdentityError` unless it holds no projection."""
     identity = await log.identity()
     states = await into.bind_log(identity)
     if any(state.next_offset != 1 for state in states.values()):
         raise LogIdentityError(
             "the replay target already holds a projection; replay into a new, empty schema"
         )
-    report = ReplayReport(targets=dict(targets))
-    position = {p: 1 for p in range(identity.partitions) if targets.get(p, 1) > 1}
-    total = sum(targets.get(p, 1) - 1 for p in position)
+    return identity
+
+
+async def fold_partitions(
+    log: EventLog,
+    into: LedgerStore,
+    targets: Mapping[int, int],
+    *,
+    progress: Progress | None = None,
+    batch_size: int = 5000,
+) -> tuple[int, int]:
+    """Fold the partitions named by `targets` from offset 1 up to (excluding) `targets[p]` into
+    `into`, which `bind_empty` bound; the events folded and the dead letters met.
+
+    Partitions are independent in the store (every row of a run, and so of its calls, comes
+    from the run's one partition), so disjoint sets of them may be folded into one store by
+    several processes at once (`toolledger.projections.replay_processes`).
+    """
+    events = dead_letters = 0
+    position = {p: 1 for p, target in targets.items() if target > 1}
+    total = sum(targets[p] - 1 for p in position)
     reader = log.reader()
     try:
         await reader.assign(position)
@@ -89,22 +120,18 @@ async def replay(
                 if partition not in position:
                     continue
                 limit = targets[partition]
-                batch = decode_records(
-                    partition,
-                    [r for r in records if r.offset < limit],
-                    position[partition],
-                    into.verify_keys,
-                )
-                if batch.halted is not None:
-                    raise LogIdentityError(batch.halted)
-                if batch.next_offset > position[partition]:
-                    verdicts = await into.apply_batch(
-                        partition, position[partition], batch.next_offset, batch.items
+                wanted = [r for r in records if r.offset < limit]
+                # As in the projector: the batch's objects are gone before collection resumes,
+                # so no collection walks them (`gc_pause` says why that matters).
+                with gc_paused():
+                    reached, folded, dead = await _fold(
+                        into, partition, wanted, position[partition]
                     )
-                    report.events += len(verdicts)
-                    report.dead_letters += len(batch.dead)
-                    done = batch.next_offset - position[partition]
-                    position[partition] = batch.next_offset
+                if reached > position[partition]:
+                    events += folded
+                    dead_letters += dead
+                    done = reached - position[partition]
+                    position[partition] = reached
                     if progress is not None:
                         progress(done, total)
                 if position[partition] >= limit:
@@ -116,8 +143,21 @@ async def replay(
                 await reader.assign(position)
     finally:
         await reader.close()
-    report.replay_digest = await into.digest()
-    return report
+    return events, dead_letters
+
+
+async def _fold(
+    into: LedgerStore, partition: int, records: list[LogRecord], start: int
+) -> tuple[int, int, int]:
+    """Decode and apply one partition's records from `start`: the offset reached, how many
+    verdicts the batch had, and how many dead letters."""
+    batch = decode_records(partition, records, start, into.verify_keys)
+    if batch.halted is not None:
+        raise LogIdentityError(batch.halted)
+    if batch.next_offset <= start:
+        return start, 0, 0
+    verdicts = await into.apply_batch(partition, start, batch.next_offset, batch.items)
+    return batch.next_offset, len(verdicts), len(batch.dead)
 
 
 def shown(value: object) -> str:

@@ -1,15 +1,22 @@
 """Waiting for verdicts: "append, then await a durable verdict".
 
-Verdicts are rows keyed by event_id, written in the projector's transaction. A waiter never
-trusts a notification's content or its arrival: `pg_notify` (payload: the event_id, delivered on
-commit) only says "look now". Every pending event_id is re-read from `verdicts` on a hint, after
-the listener reconnects, and every 50 ms regardless, so a lost notification or a killed LISTEN
-connection costs at most one poll interval, never a verdict. One LISTEN connection serves every
-waiter of the process; one query reads all pending event_ids at once.
+Verdicts are rows keyed by event_id, written in the projector's transaction, which also sends
+one `pg_notify` per verdict. PostgreSQL delivers a notification only after its transaction
+commits, so a notification that carries the verdict carries a committed, durable one: its
+payload is `<event_id> <verdict JSON>`, the JSON byte for byte what the `verdicts` row holds,
+and a waiter takes the verdict from it without reading the table. A verdict too large for a
+payload (PostgreSQL refuses one of `NOTIFY_PAYLOAD_LIMIT` bytes), like every verdict of a large
+catch-up batch (`toolledger.projections.postgres` says why), is announced by its event_id alone,
+which only says "look now"; so is every verdict from a projector older than this one.
 
-A command registers its event_id (`expect`) before appending the event, so no hint for it can
-arrive before its waiter: its wait then needs no read of its own, and under load the waiter reads
-once per hint or tick for everybody instead of once more per new waiter. A `wait` without a prior
+Arrival is never trusted: every pending event_id is re-read from `verdicts` on such a hint,
+after the listener reconnects, and every 50 ms regardless, so a lost notification or a killed
+LISTEN connection costs at most one poll interval, never a verdict. One LISTEN connection serves
+every waiter of the process; one query reads all pending event_ids at once.
+
+A command registers its event_id (`expect`) before appending the event, so no notification for
+it can arrive before its waiter: its wait then needs no read of its own, and under load the
+waiter reads only for the hints and ticks that find something pending. A `wait` without a prior
 `expect` (an event appended earlier, whose verdict may be in the table already) reads at once.
 """
 
@@ -24,6 +31,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
 import asyncpg
+from pydantic import ValidationError
 
 from toolledger.errors import ToolLedgerError
 from toolledger.events.records import Verdict
@@ -32,6 +40,8 @@ from toolledger.projections.dberrors import DATABASE_ERRORS
 log = logging.getLogger("toolledger.verdicts")
 
 POLL_INTERVAL = 0.05
+#: PostgreSQL's bound on a notification payload: it must be shorter than this many bytes.
+NOTIFY_PAYLOAD_LIMIT = 8000
 
 
 def seconds(value: float) -> str:
@@ -86,6 +96,17 @@ class VerdictWaiter:
         """Something may have been decided (a notification, a reconnect): look now."""
         if event_id is None or event_id in self._pending:
             self._wake.set()
+
+    def waits_for(self, event_id: uuid.UUID) -> bool:
+        """Whether anybody here waits for `event_id`'s verdict."""
+        return event_id in self._pending
+
+    def deliver(self, verdict: Verdict) -> None:
+        """A committed verdict (from its notification, or an in-process projector): its waiters
+        have it without a read."""
+        for fut in self._pending.pop(verdict.event_id, ()):
+            if not fut.done():
+                fut.set_result(verdict)
 
     def expect(self, event_id: uuid.UUID) -> asyncio.Future[Verdict]:
         """Register for `event_id`'s verdict before its event is appended; pass the result to
@@ -146,17 +167,32 @@ class VerdictWaiter:
                 log.warning("reading verdicts failed (%s); retrying", exc)
                 await asyncio.sleep(self._poll_interval)
                 continue
-            for event_id, verdict in found.items():
-                for fut in self._pending.pop(event_id, []):
-                    if not fut.done():
-                        fut.set_result(verdict)
+            for verdict in found.values():
+                self.deliver(verdict)
+
+
+def carried(event_id: uuid.UUID, body: str) -> Verdict | None:
+    """The verdict of `event_id` that a notification's `body` (after the event_id) carries, if
+    it carries one it can be trusted to: a body that does not parse, or names another event,
+    is not taken (the waiter reads the table instead)."""
+    if not body:
+        return None
+    try:
+        verdict = Verdict.model_validate_json(body)
+    except ValidationError:
+        log.warning("a notification for %s carries no readable verdict; reading it", event_id)
+        return None
+    return verdict if verdict.event_id == event_id else None
 
 
 class PostgresNotifications:
-    """The process's one LISTEN connection: turns `pg_notify` payloads into waiter hints.
+    """The process's one LISTEN connection: delivers the verdicts notifications carry, and
+    turns the others into waiter hints.
 
-    If the connection dies it reconnects with backoff and hints every waiter, because
-    notifications sent while it was down are lost.
+    A notification for an event nobody here waits for is dropped before its verdict is
+    parsed: every process listening on the ledger hears every verdict. If the connection dies
+    it reconnects with backoff and hints every waiter, because notifications sent while it was
+    down are lost.
     """
 
     def __init__(self, dsn: str, channel: str, waiter: VerdictWaiter) -> None:
@@ -193,10 +229,19 @@ class PostgresNotifications:
         _channel: str,
         payload: object,
     ) -> None:
+        head, _, body = str(payload).partition(" ")
         try:
-            self._waiter.hint(uuid.UUID(str(payload)))
+            event_id = uuid.UUID(head)
         except ValueError:
             self._waiter.hint()
+            return
+        if not self._waiter.waits_for(event_id):
+            return
+        verdict = carried(event_id, body)
+        if verdict is None:
+            self._waiter.hint(event_id)
+        else:
+            self._waiter.deliver(verdict)
 
     async def _watch(self) -> None:
         delay = 0.05

@@ -9,6 +9,15 @@ policy cannot tell a refund from a search (guarantees 3 and 4 in docs/architectu
 - `write()`, `external()`, `destructive()`: exactly one attempt. A timeout after the request may
   have left is an unknown (`indeterminate`), never a reason to send it again.
 
+`external(pipelined=True)` (and `destructive(approval=False, pipelined=True)`) opts a tool into
+pipelined reservation (`toolledger.runtime.pipelined`): its reservation is acknowledged by Kafka
+before the tool runs, as always, but its verdict is awaited while the tool runs instead of
+before. A duplicate request is then possible (two callers racing on one key both reach the
+other system), so the one-effect guarantee rests on that system honouring
+`context.idempotency_key`; hence the opt-in, and the refusals at declaration: here, a pipelined
+tool that needs an approval (the approval must come before anything is sent) or is not an
+`external` or `destructive` effect; in `Tool`, one whose source does not pass the key.
+
 `SideEffect` is a plain value so it can be inspected (the approval flag travels in the
 `reserved` event; `toolledger.testing.assert_tool_contract` reads `attempts`). It can be built by
 hand with `attempts > 1` for a write, so that such a declaration is representable and caught by
@@ -21,12 +30,22 @@ import random
 from dataclasses import dataclass
 from typing import Literal
 
+from toolledger.errors import ToolLedgerError
+
 EffectKind = Literal["read", "write", "external", "destructive"]
 
 #: Attempts a read gets: the first and two retries.
 READ_ATTEMPTS = 3
 #: The first retry's backoff ceiling in seconds; each later retry doubles it.
 READ_BACKOFF_S = 0.1
+#: The effects a tool may pipeline: the ones whose other system can dedupe a repeated key.
+PIPELINABLE: tuple[EffectKind, ...] = ("external", "destructive")
+
+
+class PipeliningRefused(ToolLedgerError, ValueError):
+    """A tool declared `pipelined=True` that cannot be pipelined; the reason says why."""
+
+    code = "pipelining_refused"
 
 
 @dataclass(frozen=True)
@@ -37,12 +56,25 @@ class SideEffect:
     approval: bool = False
     attempts: int = 1
     backoff: float = READ_BACKOFF_S
+    #: The reservation's verdict is awaited while the tool runs (see the module docstring).
+    pipelined: bool = False
 
     def __post_init__(self) -> None:
         if self.attempts < 1:
             raise ValueError(f"a {self.kind} tool needs at least one attempt, not {self.attempts}")
         if self.backoff < 0:
             raise ValueError(f"backoff must not be negative, not {self.backoff}")
+        if self.pipelined and self.kind not in PIPELINABLE:
+            raise PipeliningRefused(
+                f"a {self.kind}() tool cannot be pipelined: only external() and destructive() "
+                "tools can, whose other system dedupes a repeated idempotency key"
+            )
+        if self.pipelined and self.approval:
+            raise PipeliningRefused(
+                f"an approval-gated {self.kind}() tool cannot be pipelined: a pipelined tool "
+                "starts before its reservation's verdict, and an approval must come before "
+                "anything is sent. Declare it without pipelined=True, or without approval"
+            )
 
     @property
     def changes_something(self) -> bool:
@@ -80,11 +112,19 @@ def write() -> SideEffect:
     return SideEffect("write")
 
 
-def external(*, approval: bool = False) -> SideEffect:
-    """The tool acts on the outside world (an email, a credit): one attempt."""
-    return SideEffect("external", approval=approval)
+def external(*, approval: bool = False, pipelined: bool = False) -> SideEffect:
+    """The tool acts on the outside world (an email, a credit): one attempt.
+
+    `pipelined=True`: the tool starts as soon as Kafka acknowledged its reservation, while the
+    verdict is awaited; only for a tool that passes `context.idempotency_key` to a system that
+    honours it, never with `approval` (`PipeliningRefused` otherwise).
+    """
+    return SideEffect("external", approval=approval, pipelined=pipelined)
 
 
-def destructive(*, approval: bool = True) -> SideEffect:
-    """The tool deletes or irreversibly changes something: one attempt, approval by default."""
-    return SideEffect("destructive", approval=approval)
+def destructive(*, approval: bool = True, pipelined: bool = False) -> SideEffect:
+    """The tool deletes or irreversibly changes something: one attempt, approval by default.
+
+    `pipelined=True` needs `approval=False` (see `external`).
+    """
+    return SideEffect("destructive", approval=approval, pipelined=pipelined)

@@ -60,6 +60,15 @@ def call_label(tool: str, key: str) -> str:
     return f"{tool} (run {run_id}, call {tool_call_id})"
 
 
+def not_attempted(tool: str, key: str, exc: Exception) -> LedgerUnavailable:
+    """A call refused because its reservation was not acknowledged or decided in time."""
+    return LedgerUnavailable(
+        f"call {call_label(tool, key)} was not attempted: {exc}. Its reservation is being "
+        "abandoned in the background; calling again with the same tool_call_id is safe once the "
+        "ledger is reachable."
+    )
+
+
 def resolve_command(key: str) -> str:
     """The operator command that settles an unknown call (the key shell-quoted: a framework's
     tool_call_id may hold spaces, `#` or quotes)."""
@@ -122,18 +131,37 @@ class ToolArgumentsTooLarge(ToolArgumentsError):
 
 
 class KeyConflictError(ToolCallError):
-    """The key was first used with other arguments; the tool did not run."""
+    """The key was first used with other arguments; the tool did not run (`ran`: a pipelined
+    tool did, before its reservation's verdict said so)."""
 
     code = "key_conflict"
 
-    def __init__(self, *, key: str, tool: str, recorded: str, given: str) -> None:
+    def __init__(
+        self, *, key: str, tool: str, recorded: str, given: str, ran: bool = False
+    ) -> None:
+        what = (
+            "ran before the ledger refused its reservation: another caller had reserved the key "
+            f"first with other arguments (digest {recorded[:12]}, now {given[:12]}), so the "
+            f"other system saw idempotency key {key} with both"
+            if ran
+            else f"was first made with other arguments (digest {recorded[:12]}, now "
+            f"{given[:12]}); the tool did not run"
+        )
         super().__init__(
-            f"call {call_label(tool, key)} was first made with other arguments (digest "
-            f"{recorded[:12]}, now {given[:12]}); the tool did not run. The same tool_call_id "
-            "must always carry the same arguments: a new call needs a new tool_call_id.",
+            f"call {call_label(tool, key)} {what}. The same tool_call_id must always carry the "
+            "same arguments: a new call needs a new tool_call_id.",
             key=key,
             tool=tool,
         )
+        self.ran = ran
+
+
+def _refused_after_running(tool: str, key: str) -> str:
+    """How an error about a pipelined call that ran before its verdict names what happened."""
+    return (
+        f"call {call_label(tool, key)} ran before the ledger refused its reservation (its "
+        "outcome is kept in the key's history as evidence)"
+    )
 
 
 class RunSuperseded(ToolCallError):
@@ -141,15 +169,23 @@ class RunSuperseded(ToolCallError):
 
     code = "run_superseded"
 
-    def __init__(self, *, key: str, tool: str, detail: str) -> None:
+    def __init__(self, *, key: str, tool: str, detail: str, ran: bool = False) -> None:
         run_id, _, tool_call_id = key.partition(":")
         what = f"call {call_label(tool, key)} was not made" if tool_call_id else f"run {run_id}"
+        then = ""
+        if ran:
+            what = _refused_after_running(tool, key)
+            then = (
+                f" The other system saw idempotency key {key}, so the driver that holds the run "
+                "gets that same effect when it makes this call."
+            )
         super().__init__(
-            f"{what}: {detail}. This driver of run {run_id} is superseded and must stand down; "
-            "reload the run from its latest checkpoint if it should go on.",
+            f"{what}: {detail}.{then} This driver of run {run_id} is superseded and must stand "
+            "down; reload the run from its latest checkpoint if it should go on.",
             key=key,
             tool=tool,
         )
+        self.ran = ran
 
     @classmethod
     def of_run(cls, run_id: str, detail: str) -> RunSuperseded:
@@ -300,14 +336,20 @@ class RunQuarantined(ToolCallError):
 
     code = "run_quarantined"
 
-    def __init__(self, *, key: str, tool: str, detail: str) -> None:
+    def __init__(self, *, key: str, tool: str, detail: str, ran: bool = False) -> None:
         run_id = key.partition(":")[0]
+        what = (
+            _refused_after_running(tool, key)
+            if ran
+            else f"call {call_label(tool, key)} was not made"
+        )
         super().__init__(
-            f"call {call_label(tool, key)} was not made: run {run_id} is quarantined ({detail}). "
-            "An operator must inspect `toolledger dead-letters list` before the run can go on.",
+            f"{what}: run {run_id} is quarantined ({detail}). An operator must inspect "
+            "`toolledger dead-letters list` before the run can go on.",
             key=key,
             tool=tool,
         )
+        self.ran = ran
 
 
 class TenantMismatchError(ToolCallError, PermissionError):

@@ -11,7 +11,10 @@ the flow of docs/architecture.md ("A call, step by step"):
 3. append `reserved` and await its verdict. No verdict in time: `abandoned` is appended in the
    background (retried until it lands) and the call fails closed with `LedgerUnavailable`,
    not attempted. A rejection is turned into the truth or an error by `replay.lost_reservation`;
-4. run the tool (`toolledger.runtime.executor`: attempts, timeouts, classification);
+4. run the tool (`toolledger.runtime.executor`: attempts, timeouts, classification). A
+   pipelined tool (`external(pipelined=True)`) composes steps 3 to 5 otherwise
+   (`toolledger.runtime.pipelined`): it runs once Kafka acknowledged its reservation, while
+   the verdict is awaited;
 5. append the outcome. Inside the reservation's deadline it returns on Kafka's acknowledgement
    (nobody else may settle the call before then, so the verdict can only agree); later, it
    awaits the verdict without ever giving up and returns the ledger's truth, which is an
@@ -19,6 +22,11 @@ the flow of docs/architecture.md ("A call, step by step"):
    that cannot be recorded at all (a result over TOOLLEDGER_PAYLOAD_MAX_BYTES, or one the
    store refuses) is replaced by `indeterminate` naming why, and `ToolResultUnrecordable` is
    raised at once: never a call `started` forever.
+
+Steps 3 to 5 are the call protocol's (`toolledger.runtime.protocol`, with the runtime's
+`WaitPolicy`: an outcome's verdict is awaited without giving up); every read and append goes
+through the runtime port (`toolledger.runtime.port`), so `Ledger.stack` is only what the port
+was built on, kept for tests and the drill.
 
 Large arguments and results travel by reference (`toolledger.events.payloads`); arguments
 over the maximum are refused before anything is reserved (`ToolArgumentsTooLarge`).
@@ -28,47 +36,36 @@ The embedded default is `await Ledger.memory()`; production is `await Ledger.con
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import secrets
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from dataclasses import replace
-from datetime import datetime, timedelta
+from datetime import datetime
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
 from pydantic import ValidationError
 
-from toolledger.events.log import RecordTooLarge
-from toolledger.events.models import (
-    CallAbandoned,
-    CallIndeterminate,
-    CallReserved,
-    call_key,
-    utcnow,
-)
-from toolledger.events.payloads import PayloadError, PayloadLimits
-from toolledger.events.records import CallRecord, RunRecord, Verdict
+from toolledger.events.models import CallIndeterminate, CallReserved, call_key, utcnow
+from toolledger.events.payloads import PayloadLimits
+from toolledger.events.records import CallRecord, RunRecord
 from toolledger.events.signing import SigningKey
-from toolledger.runtime import replay
-from toolledger.runtime.access import LedgerAccess
+from toolledger.projections.store import CallQuery
+from toolledger.runtime import pipelined, replay
 from toolledger.runtime.errors import (
     LedgerUnavailable,
     ToolArgumentsError,
     ToolArgumentsTooLarge,
     ToolCallAwaitingApproval,
     ToolResultUnrecordable,
-    call_label,
+    not_attempted,
 )
-from toolledger.runtime.executor import Attempted, CallIdentity, Indeterminate, execute
+from toolledger.runtime.executor import Attempted, CallIdentity, Indeterminate
 from toolledger.runtime.outcome import ToolOutcome, own_outcome, settled_outcome, unsettled_error
-from toolledger.runtime.recording import (
-    AckedOutcomes,
-    BackgroundAppends,
-    Outcome,
-    outcome_event,
-    unrecordable_event,
-)
+from toolledger.runtime.pauses import resumable_runs
+from toolledger.runtime.port import RuntimePort
+from toolledger.runtime.protocol import CallProtocol, Landed, WaitPolicy
+from toolledger.runtime.stack_port import StackPort
 from toolledger.runtime.tools import PreparedCall, Tool
 from toolledger.runtime.tracing import CallTrace, Phase
 from toolledger.settings import ProjectorSettings, Settings, load_settings
@@ -82,7 +79,7 @@ T = TypeVar("T")
 _CLOSE_GRACE_S = 2.0
 
 
-class Ledger(LedgerAccess):
+class Ledger:
     """The runtime's handle on the ledger: declares nothing, runs tools through `call()`."""
 
     def __init__(
@@ -95,14 +92,13 @@ class Ledger(LedgerAccess):
         embedded_signing_key: SigningKey | None = None,
     ) -> None:
         self.stack = stack
-        self.verdict_timeout = verdict_timeout
         self.embedded_signing_key = embedded_signing_key
         self.clock = clock
+        #: What the runtime reads and appends through (`AgentRun` and the adapters too).
+        self.port: RuntimePort = StackPort(stack)
+        self.protocol = CallProtocol(self.port, WaitPolicy.runtime(verdict_timeout), clock=clock)
         self._owns_stack = owns_stack
-        self._background = BackgroundAppends()
-        self._acked = AckedOutcomes()
-        self._unrecordable: dict[object, tuple[CallIndeterminate, str]] = {}
-        self._closing = False
+        self._runs = pipelined.RunBindings()
 
     @classmethod
     async def memory(
@@ -173,14 +169,36 @@ class Ledger(LedgerAccess):
 
     async def close(self) -> None:
         """Let background appends finish briefly, then close the stack if this ledger made it."""
-        self._closing = True
-        await self._background.close(_CLOSE_GRACE_S)
+        await self.protocol.close(_CLOSE_GRACE_S)
         if self._owns_stack:
             await self.stack.close()
 
     @property
     def closing(self) -> bool:
-        return self._closing
+        return self.protocol.closing
+
+    @property
+    def verdict_timeout(self) -> float:
+        """How long a reservation waits for its verdict before the call is refused."""
+        return self.protocol.policy.verdict_timeout
+
+    async def read_call(self, key: str) -> CallRecord | None:
+        """The key's record; `LedgerUnavailable` (nothing ran) if the store cannot be read."""
+        return await self.port.read_call(key)
+
+    async def read_run(self, run_id: str) -> RunRecord | None:
+        """The run's record; `LedgerUnavailable` if the store cannot be read."""
+        return await self.port.read_run(run_id)
+
+    async def list_calls(self, query: CallQuery) -> list[CallRecord]:
+        """Calls matching `query`; `LedgerUnavailable` if the store cannot be read."""
+        return await self.port.list_calls(query)
+
+    async def list_runs(
+        self, statuses: Collection[str], *, tenant_id: str | None = None
+    ) -> list[RunRecord]:
+        """Runs in `statuses`; `LedgerUnavailable` if the store cannot be read."""
+        return await self.port.list_runs(statuses, tenant_id=tenant_id)
 
     async def call(
         self,
@@ -236,15 +254,17 @@ class Ledger(LedgerAccess):
                 f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}" for e in exc.errors()
             )
             raise ToolArgumentsError(key=who.key, tool=tool.name, problems=problems) from None
-        size, limit = len(prepared.arguments_json.encode()), self.stack.commands.limits.max_bytes
+        size, limit = len(prepared.arguments_json.encode()), self.port.limits.max_bytes
         if size > limit:
             raise ToolArgumentsTooLarge(key=who.key, tool=tool.name, size=size, limit=limit)
-        record = await self.read_call(who.key)
+        record = await self.port.read_call(who.key)
         if record is not None:
-            record = await self._own_acked_outcome(record)
-            known = await replay.replay_known(self, tool, prepared, who, record)
+            record = await self._own_write(record)
+            known = await replay.replay_known(self.protocol, tool, prepared, who, record)
             if known is not None:
                 return known
+        if tool.effect.pipelined:
+            return await pipelined.call(self, tool, traced, prepared, who, run_version, warning)
         return await self._reserve_and_run(tool, traced, prepared, who, run_version, warning)
 
     async def _reserve_and_run(
@@ -256,28 +276,29 @@ class Ledger(LedgerAccess):
         run_version: int | None,
         warning: str | None = None,
     ) -> ToolOutcome[T]:
+        protocol = self.protocol
         with traced.reserve() as phase:
-            reserved, verdict = await self._reserve(
-                tool, prepared, who, run_version, warning, phase
-            )
+            reserved = self._reservation(tool, prepared, who, run_version, warning, phase)
+            try:
+                verdict = await protocol.reserve(reserved)
+            except LedgerUnavailable as exc:
+                raise not_attempted(tool.name, who.key, exc) from exc
             phase.verdict(verdict)
+        self._runs.learn(verdict.run)
         if not verdict.accepted:
-            return await replay.lost_reservation(self, tool, prepared, who, verdict, run_version)
+            return await replay.lost_reservation(
+                protocol, tool, prepared, who, verdict, run_version
+            )
         if verdict.call is not None and verdict.call.status == "awaiting_approval":
             raise ToolCallAwaitingApproval(key=who.key, tool=tool.name, record=verdict.call)
-
-        def record_cancelled(ended: Attempted) -> None:
-            event = outcome_event(self.envelope(who, self.clock()), reserved.reservation_id, ended)
-            self._background.spawn(self._land(who, event, False), f"outcome of {who.key}")
-
         with traced.tool() as phase:
-            ended = await execute(tool, prepared, who, clock=self.clock, on_cancel=record_cancelled)
+            ended = await protocol.execute(tool, prepared, who, reserved)
             phase.ended(ended)
         traced.ran(ended)
         with traced.outcome_phase():
             return await self._record(tool, who, reserved, ended)
 
-    async def _reserve(
+    def _reservation(
         self,
         tool: Tool[Any, T],
         prepared: PreparedCall,
@@ -285,53 +306,41 @@ class Ledger(LedgerAccess):
         run_version: int | None,
         warning: str | None,
         phase: Phase,
-    ) -> tuple[CallReserved, Verdict]:
-        """Append the reservation and await its verdict; `LedgerUnavailable` if none comes."""
-        now = self.clock()
-        traceparent, tracestate = phase.trace_context()
-        reserved = CallReserved(
-            **self.envelope(who, now),
+    ) -> CallReserved:
+        """The call's reservation, carrying the reserve phase's trace context."""
+        return self.protocol.reservation(
+            tool,
+            prepared,
+            who,
             run_version=run_version,
-            tool=tool.name,
-            effect=tool.effect.kind,
-            args_digest=prepared.digest,
-            arguments_json=prepared.arguments_json,
-            requires_approval=tool.effect.approval,
-            deadline=now + timedelta(seconds=tool.budget),
             warning=warning,
-            traceparent=traceparent,
-            tracestate=tracestate,
+            trace_context=phase.trace_context(),
         )
-        try:
-            verdict = await self.stack.commands.append_and_await(reserved, self.verdict_timeout)
-        except asyncio.CancelledError:
-            self._abandon(who, reserved)
-            raise
-        except LedgerUnavailable as exc:
-            self._abandon(who, reserved)
-            raise LedgerUnavailable(
-                f"call {call_label(tool.name, who.key)} was not attempted: {exc}. Its reservation "
-                "is being abandoned in the background; calling again with the same tool_call_id "
-                "is safe once the ledger is reachable."
-            ) from exc
-        verdict = await self.stack.commands.restored_verdict(verdict)
-        return reserved, verdict
 
     async def _record(
         self, tool: Tool[Any, T], who: CallIdentity, reserved: CallReserved, ended: Attempted
     ) -> ToolOutcome[T]:
-        event = outcome_event(self.envelope(who, self.clock()), reserved.reservation_id, ended)
-        # Shielded: a caller that gives up now must not take the outcome of a tool that ran
-        # down with it; the append carries on in the background until it lands.
-        landing = self._background.spawn(self._land(who, event, True), f"outcome of {who.key}")
-        await asyncio.shield(landing)
-        unrecordable = self._unrecordable.pop(event.event_id, None)
-        if unrecordable is not None:
-            return await self._unrecorded(tool, *unrecordable)
+        landed = await self.protocol.record(who, reserved, ended)
+        return await self._answer(tool, who, reserved, ended, landed)
+
+    async def _answer(
+        self,
+        tool: Tool[Any, T],
+        who: CallIdentity,
+        reserved: CallReserved,
+        ended: Attempted,
+        landed: Landed,
+    ) -> ToolOutcome[T]:
+        """The answer of an accepted reservation whose outcome landed."""
+        if landed.unrecordable is not None:
+            assert isinstance(landed.event, CallIndeterminate)
+            return await self._unrecorded(tool, landed.event, landed.unrecordable)
+        event = landed.event
         if not isinstance(ended, Indeterminate) and self.clock() < reserved.deadline:
-            self._acked.remember(who.key, reserved.reservation_id, event.event_id)
+            # Inside the deadline nobody else may settle the call: the verdict can only agree.
+            self.protocol.own_writes.remember(who.key, reserved.reservation_id, event.event_id)
             return own_outcome(tool, who.key, ended)
-        verdict = await self.await_verdict(event)
+        verdict = await self.protocol.await_outcome_verdict(who.key, event.event_id)
         truth = verdict.call
         if truth is None:
             raise AssertionError(f"the verdict on the outcome of {who.key} carries no record")
@@ -349,27 +358,12 @@ class Ledger(LedgerAccess):
             raise unsettled_error(tool.name, truth)
         return outcome
 
-    async def _land(self, who: CallIdentity, event: Outcome, awaited: bool) -> None:
-        """Append an outcome until it lands; one that can never be recorded (too large, refused
-        by the store) is replaced by `indeterminate` saying why, so the call is never left
-        `started`. `awaited`: the caller picks the replacement up from `_unrecordable`."""
-        try:
-            await self.append_until_landed(event)
-        except (PayloadError, RecordTooLarge) as exc:
-            log.error(
-                "the outcome of %s cannot be recorded (%s); recording it unknown", who.key, exc
-            )
-            fallback = unrecordable_event(self.envelope(who, self.clock()), event, str(exc))
-            await self.append_until_landed(fallback)
-            if awaited:
-                self._unrecordable[event.event_id] = (fallback, str(exc))
-
     async def _unrecorded(
         self, tool: Tool[Any, T], fallback: CallIndeterminate, why: str
     ) -> ToolOutcome[T]:
         """The answer when the tool's outcome could not be recorded: the ledger's truth, which
         is the `indeterminate` put in its place unless someone settled the call meanwhile."""
-        verdict = await self.await_verdict(fallback)
+        verdict = await self.protocol.await_outcome_verdict(fallback.key, fallback.event_id)
         truth = verdict.call
         if truth is None:
             raise AssertionError(f"the verdict on the outcome of {fallback.key} has no record")
@@ -380,32 +374,26 @@ class Ledger(LedgerAccess):
             raise unsettled_error(tool.name, truth)
         return outcome
 
-    def _abandon(self, who: CallIdentity, reserved: CallReserved) -> None:
-        """Make sure a reservation whose verdict this caller will never act on cannot start:
-        `abandoned` settles it failed, not attempted, or tombstones it if it lands later."""
-        abandon = CallAbandoned(
-            **self.envelope(who, self.clock()), reservation_id=reserved.reservation_id
-        )
-        self._background.spawn(self.append_until_landed(abandon), f"abandon {who.key}")
-
-    async def _own_acked_outcome(self, record: CallRecord) -> CallRecord:
-        """Read-your-writes: a `started` record whose outcome this process already appended
-        (and returned on acknowledgement) is answered by that outcome's verdict."""
-        event_id = self._acked.get(record.key, record.reservation_id)
+    async def _own_write(self, record: CallRecord) -> CallRecord:
+        """Read-your-writes: a `started` record this process already appended an outcome or an
+        abandon for (returned on acknowledgement, or landing in the background) is answered by
+        that event's verdict."""
+        own = self.protocol.own_writes
+        event_id = own.get(record.key, record.reservation_id)
         if event_id is None or record.status != "started":
             return record
-        verdict = await self.await_verdict_of(event_id, record.key)
-        self._acked.forget(record.key)
+        verdict = await self.protocol.await_outcome_verdict(record.key, event_id)
+        own.forget(record.key)
         return verdict.call or record
 
     def resumable_runs(
         self, *, tenant_id: str | None = None, poll_interval: float = 0.2, follow: bool = True
     ) -> AsyncIterator[RunRecord]:
-        """Paused runs whose awaited call is settled (see `toolledger.runtime.runs`)."""
-        from toolledger.runtime.runs import resumable_runs
-
-        return resumable_runs(self, tenant_id=tenant_id, poll_interval=poll_interval, follow=follow)
+        """Paused runs whose awaited call is settled (see `toolledger.runtime.pauses`)."""
+        return resumable_runs(
+            self.port, tenant_id=tenant_id, poll_interval=poll_interval, follow=follow
+        )
 
     async def wait_background(self, timeout: float) -> bool:
         """Wait for background appends (abandons, cancelled outcomes) to land; True if all did."""
-        return await self._background.wait(timeout)
+        return await self.protocol.wait_background(timeout)

@@ -18,7 +18,7 @@ from typing import Any, Generic, TypeVar, assert_never, cast
 
 from pydantic import ValidationError
 
-from toolledger.events.lifecycle import CLOCK_SKEW_GRACE
+from toolledger.events.lifecycle import open_until
 from toolledger.events.records import CallRecord, CallStatus, SettledBy
 from toolledger.runtime.errors import (
     ToolCallAwaitingApproval,
@@ -166,6 +166,4 @@ def unsettled_error(tool: str, record: CallRecord) -> ToolCallError:
         return ToolCallIndeterminate(record, tool=tool)
     if record.status == "awaiting_approval":
         return ToolCallAwaitingApproval(key=record.key, tool=tool, record=record)
-    return ToolCallInProgress(
-        key=record.key, tool=tool, open_until=record.deadline + CLOCK_SKEW_GRACE
-    )
+    return ToolCallInProgress(key=record.key, tool=tool, open_until=open_until(record))

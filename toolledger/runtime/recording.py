@@ -1,17 +1,20 @@
 """Recording what happened: outcome events, background appends, and outcomes acknowledged early.
 
-Three small pieces `Ledger` needs once a tool has run, kept apart from its control flow:
+Three small pieces the call protocol (`toolledger.runtime.protocol`) and `Ledger` need once a
+tool has run, kept apart from their control flow:
 
 - `outcome_event` turns the executor's answer into the request the decider folds.
 - `BackgroundAppends` keeps the tasks that append what must land whether or not anybody still
   waits for it: the `abandoned` of a reservation whose verdict never came (or whose caller was
   cancelled while waiting), and every outcome, so that a caller cancelled after its tool ran
   does not take the outcome down with it. They are kept referenced (an unreferenced task can
-  be collected mid-flight) and `Ledger.close()` gives them a moment to land.
-- `AckedOutcomes` remembers outcomes returned on Kafka's acknowledgement, before the projector
-  folded them. Without it, this process replaying such a key a millisecond later would read
-  `started` and answer "in progress" for a call it just completed; with it, it awaits that
-  outcome's verdict instead. It is bounded: a process more than `limit` calls ahead of its
+  be collected mid-flight) and closing gives them a moment to land.
+- `OwnWrites` remembers what this process appended for a key that the projector may not have
+  folded yet: an outcome returned on Kafka's acknowledgement, and what is being appended in
+  the background (an abandon, a cancelled caller's outcome). Without it, this process
+  replaying such a key a millisecond later would read `started` and answer "in progress" for
+  a call it just completed, or "unknown" for one it knows it never ran; with it, it awaits that
+  event's verdict instead. It is bounded: a process more than `limit` calls ahead of its
   projector falls back to the honest "in progress".
 """
 
@@ -23,17 +26,18 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Coroutine
-from typing import Any
+from typing import Any, TypeVar
 
 from toolledger.events.models import CallCompleted, CallFailed, CallIndeterminate
 from toolledger.events.payloads import bounded_text
-from toolledger.runtime.access import Envelope
 from toolledger.runtime.executor import Attempted, Completed, Indeterminate
+from toolledger.runtime.port import Envelope
 
 log = logging.getLogger("toolledger.runtime")
 
 
 Outcome = CallCompleted | CallFailed | CallIndeterminate
+T = TypeVar("T")
 
 
 def outcome_event(envelope: Envelope, reservation_id: uuid.UUID, ended: Attempted) -> Outcome:
@@ -75,9 +79,9 @@ class BackgroundAppends:
     """Tasks appending events nobody awaits, kept until they finish."""
 
     def __init__(self) -> None:
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
 
-    def spawn(self, work: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+    def spawn(self, work: Coroutine[Any, Any, T], name: str) -> asyncio.Task[T]:
         task = asyncio.get_running_loop().create_task(work, name=f"toolledger: {name}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -108,8 +112,8 @@ class BackgroundAppends:
         await asyncio.gather(*late, return_exceptions=True)
 
 
-class AckedOutcomes:
-    """key -> (reservation_id, outcome event_id) of outcomes returned on acknowledgement."""
+class OwnWrites:
+    """key -> (reservation_id, event_id) of this process's latest event for the key."""
 
     def __init__(self, limit: int = 10_000) -> None:
         self._limit = limit
@@ -122,9 +126,15 @@ class AckedOutcomes:
             self._entries.popitem(last=False)
 
     def get(self, key: str, reservation_id: uuid.UUID) -> uuid.UUID | None:
-        """The outcome event_id appended for this reservation of `key`, if remembered."""
+        """The event_id appended for this reservation of `key`, if remembered."""
         entry = self._entries.get(key)
         return entry[1] if entry is not None and entry[0] == reservation_id else None
+
+    def replace(self, key: str, event_id: uuid.UUID, by: uuid.UUID) -> None:
+        """Remember `by` instead of `event_id` (an outcome replaced by another), if it is it."""
+        entry = self._entries.get(key)
+        if entry is not None and entry[1] == event_id:
+            self._entries[key] = (entry[0], by)
 
     def forget(self, key: str) -> None:
         self._entries.pop(key, None)

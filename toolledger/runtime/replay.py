@@ -10,11 +10,14 @@ rules, in the order `Ledger.call` applies them:
 - `failed` or `approved`: nothing to answer here; the call reserves again and runs;
 - `awaiting_approval`: `ToolCallAwaitingApproval`;
 - `started` or `indeterminate`: nobody knows whether it took effect. If the tool has a reconcile
-  hook it is asked first: `completed` is recorded (source `reconcile`) and its result returned,
-  as if the crash never happened; `failed` is recorded only when the decider would accept it
-  (the call is `indeterminate`, or `started` past its deadline plus the clock-skew grace);
-  otherwise the answer is `ToolCallInProgress` while a `started` call may still finish, and
-  `ToolCallIndeterminate` after, naming the command that settles it.
+  hook it is asked first (`toolledger.runtime.reconcile`, the reconciler's rule): `completed`
+  is recorded (source `reconcile`) and its result returned, as if the crash never happened;
+  `failed` is recorded only when the decider would accept it (the call is `indeterminate`, or
+  `started` past its deadline plus the clock-skew grace); an "unknown" is not recorded; an
+  effect found while the record moved on (its runtime's own outcome landed meanwhile) is
+  recorded against the new version; otherwise the answer is `ToolCallInProgress` while a
+  `started` call may still finish, and `ToolCallIndeterminate` after, naming the command that
+  settles it.
 
 A reservation the decider rejected is told the truth too (`lost_reservation`): "held" means
 another reservation of the key is running, so under run fencing this driver is superseded, and
@@ -27,15 +30,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from datetime import timedelta
 from typing import Any, TypeVar
 
-from toolledger.events.lifecycle import CLOCK_SKEW_GRACE
-from toolledger.events.models import CallCompleted, CallEvent, CallFailed
-from toolledger.events.payloads import bounded_text
-from toolledger.events.records import UNSETTLED, CallRecord, Verdict
-from toolledger.runtime.access import LedgerAccess
-from toolledger.runtime.context import ToolContext
+from toolledger.events.lifecycle import may_still_run, open_until
+from toolledger.events.records import CallRecord, Verdict
 from toolledger.runtime.errors import (
     KeyConflictError,
     RunQuarantined,
@@ -48,7 +46,9 @@ from toolledger.runtime.errors import (
 )
 from toolledger.runtime.executor import CallIdentity
 from toolledger.runtime.outcome import ToolOutcome, recorded_outcome, settled_outcome
-from toolledger.runtime.tools import PreparedCall, ReconcileOutcome, Tool
+from toolledger.runtime.protocol import CallProtocol
+from toolledger.runtime.reconcile import ask_hook, finding_for, settles
+from toolledger.runtime.tools import PreparedCall, Tool
 
 log = logging.getLogger("toolledger.runtime")
 
@@ -56,12 +56,12 @@ T = TypeVar("T")
 
 #: How often a call that lost its reservation re-reads the key while waiting for it to settle.
 SETTLE_POLL_S = 0.05
-#: How many times a reconcile finding is made again after the record moved on under it.
-_FINDING_ATTEMPTS = 3
+#: How many times an effect a hook found is recorded against a record that keeps moving on.
+FINDING_TRIES = 3
 
 
 async def replay_known(
-    io: LedgerAccess,
+    protocol: CallProtocol,
     tool: Tool[Any, T],
     prepared: PreparedCall,
     who: CallIdentity,
@@ -77,116 +77,52 @@ async def replay_known(
     if record.status in ("failed", "approved"):
         return None
     if record.status in ("started", "indeterminate"):
-        return await _reconcile(io, tool, who, record)
+        return await _reconcile(protocol, tool, who, record)
     return settled_outcome(tool, record, replayed=True)
 
 
 async def _reconcile(
-    io: LedgerAccess, tool: Tool[Any, T], who: CallIdentity, record: CallRecord
+    protocol: CallProtocol, tool: Tool[Any, T], who: CallIdentity, record: CallRecord
 ) -> ToolOutcome[T]:
-    open_until = record.deadline + CLOCK_SKEW_GRACE
     if tool.reconcile is not None:
-        found = await _ask_hook(io, tool, who, record)
-        record = await _settle_finding(io, tool, who, record, found)
+        record = await _record_finding(protocol, tool, record)
         outcome = settled_outcome(tool, record, replayed=True)
         if outcome is not None:
             return outcome
-    if record.status == "started" and io.clock() <= open_until:
-        raise ToolCallInProgress(key=who.key, tool=tool.name, open_until=open_until)
+    if may_still_run(record, protocol.clock()):
+        raise ToolCallInProgress(key=who.key, tool=tool.name, open_until=open_until(record))
     raise ToolCallIndeterminate(record, tool=tool.name)
 
 
-async def _settle_finding(
-    io: LedgerAccess,
-    tool: Tool[Any, Any],
-    who: CallIdentity,
-    record: CallRecord,
-    found: ReconcileOutcome,
+async def _record_finding(
+    protocol: CallProtocol, tool: Tool[Any, Any], record: CallRecord
 ) -> CallRecord:
-    """Record the hook's finding; the record as the ledger has it afterwards.
+    """Ask the hook about `record` and record what settles it; the record as it is after.
 
-    The finding expects the version the hook was asked about. If the call moved on meanwhile
-    under the same reservation and is still unsettled (typically its own late outcome landed:
-    the `indeterminate` a caller that gave up left behind), the finding is stale only in its
-    version, not in its evidence, so it is made again against the new one (a few times at
-    most, each for a real change of the record).
+    A finding is made for the version it was asked about. When the record moved on meanwhile
+    under the same reservation (its own runtime's `indeterminate` landed, say), an effect found
+    is still found, so it is recorded again against the new version; a "failed" is not: the
+    effect may have come after the hook looked.
     """
-    for _ in range(_FINDING_ATTEMPTS):
-        finding = _finding(io, tool, who, record, found)
-        if finding is None:
+    found = await ask_hook(tool, record, protocol.clock(), attempt=1)
+    for _ in range(FINDING_TRIES):
+        finding = finding_for(record, tool, found, protocol.clock())
+        if not settles(finding):
             return record
-        verdict = await io.settle(finding)
-        now = verdict.call or record
-        if verdict.accepted:
-            return now
-        log.info("reconcile finding for %s not applied: %s", who.key, verdict.detail)
-        moved_on = verdict.reason == "version_mismatch" and now.status in UNSETTLED
-        if not moved_on or now.reservation_id != record.reservation_id:
+        verdict = await protocol.settle(finding)
+        now = verdict.call
+        if verdict.accepted or now is None:
+            return now or record
+        log.info("reconcile finding for %s not applied: %s", record.key, verdict.detail)
+        still_holds = found.status == "completed" and verdict.reason == "version_mismatch"
+        if not still_holds or now.reservation_id != record.reservation_id:
             return now
         record = now
     return record
 
 
-def _finding(
-    io: LedgerAccess,
-    tool: Tool[Any, Any],
-    who: CallIdentity,
-    record: CallRecord,
-    found: ReconcileOutcome,
-) -> CallEvent | None:
-    """The finding to append for what the hook found, or None if there is none to record: an
-    unknown answer, or `failed` while a `started` call may still be running."""
-    now = io.clock()
-    envelope = io.envelope(who, now)
-    if found.status == "completed":
-        return CallCompleted(
-            **envelope,
-            reservation_id=record.reservation_id,
-            result_json=tool.dump_result(found.value),
-            result_reference=found.result_reference,
-            source="reconcile",
-            expected_version=record.version,
-        )
-    open_until = record.deadline + CLOCK_SKEW_GRACE
-    if found.status == "failed" and (record.status == "indeterminate" or now > open_until):
-        return CallFailed(
-            **envelope,
-            reservation_id=record.reservation_id,
-            error=bounded_text(found.detail) or "the reconcile hook found no effect",
-            source="reconcile",
-            expected_version=record.version,
-        )
-    return None
-
-
-async def _ask_hook(
-    io: LedgerAccess, tool: Tool[Any, Any], who: CallIdentity, record: CallRecord
-) -> ReconcileOutcome:
-    """The hook's finding; a hook that fails or overruns the tool's timeout knows nothing."""
-    assert tool.reconcile is not None
-    context = ToolContext(
-        run_id=who.run_id,
-        tool_call_id=who.tool_call_id,
-        tenant_id=who.tenant_id,
-        attempt=1,
-        deadline=io.clock() + timedelta(seconds=tool.timeout),
-        tool=tool.name,
-        idempotency_key=who.key,
-    )
-    try:
-        async with asyncio.timeout(tool.timeout):
-            found = await tool.reconcile(record, context)
-    except Exception as exc:
-        log.warning("reconcile hook of %s failed for %s (%r); unknown", tool.name, who.key, exc)
-        return ReconcileOutcome(status="unknown", detail=f"the hook failed: {exc!r}")
-    if not isinstance(found, ReconcileOutcome):
-        log.warning("reconcile hook of %s returned %r, not a ReconcileOutcome", tool.name, found)
-        return ReconcileOutcome(status="unknown", detail="the hook returned no ReconcileOutcome")
-    return found
-
-
 async def lost_reservation(
-    io: LedgerAccess,
+    protocol: CallProtocol,
     tool: Tool[Any, T],
     prepared: PreparedCall,
     who: CallIdentity,
@@ -205,7 +141,7 @@ async def lost_reservation(
         case "held" if record is not None:
             if run_version is not None:
                 raise RunSuperseded(key=who.key, tool=tool.name, detail=verdict.detail)
-            return await _await_settled(io, tool, record)
+            return await _await_settled(protocol, tool, record)
         case "stale_driver" | "missing_run_version" | "unknown_run" | "run_finished":
             raise RunSuperseded(key=who.key, tool=tool.name, detail=verdict.detail)
         case "contested" if record is not None:
@@ -222,17 +158,15 @@ async def lost_reservation(
 
 
 async def _await_settled(
-    io: LedgerAccess, tool: Tool[Any, T], record: CallRecord
+    protocol: CallProtocol, tool: Tool[Any, T], record: CallRecord
 ) -> ToolOutcome[T]:
     """Wait (up to the verdict timeout) for another holder's call to settle; its answer."""
-    give_up = time.monotonic() + io.verdict_timeout
+    give_up = time.monotonic() + protocol.policy.verdict_timeout
     while True:
         outcome = settled_outcome(tool, record, replayed=True)
         if outcome is not None:
             return outcome
         if time.monotonic() >= give_up:
-            raise ToolCallInProgress(
-                key=record.key, tool=tool.name, open_until=record.deadline + CLOCK_SKEW_GRACE
-            )
+            raise ToolCallInProgress(key=record.key, tool=tool.name, open_until=open_until(record))
         await asyncio.sleep(SETTLE_POLL_S)
-        record = await io.read_call(record.key) or record
+        record = await protocol.port.read_call(record.key) or record

@@ -23,9 +23,8 @@ new call id cannot charge twice.
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -117,6 +116,7 @@ class AgentRun:
         model: Model,
     ) -> None:
         self.ledger = ledger
+        self.port = ledger.port
         self.run_id = run_id
         self.tenant_id = tenant_id
         self.agent = agent
@@ -215,7 +215,7 @@ class AgentRun:
         tool = self.tools.get(request.tool)
         if tool is None:
             return self._error(request, f"there is no tool named {request.tool!r}")
-        record = await self.ledger.read_call(key)
+        record = await self.port.read_call(key)
         told = _settled_elsewhere(record)
         if told is not None:
             self._answer(request, *told)
@@ -232,7 +232,7 @@ class AgentRun:
                     )
                 warning = f"duplicate intent of {twin.key} ({twin.status}), allowed by policy"
             elif twin is not None and twin.key == self._held_on and twin.status == "completed":
-                twin = await self.ledger.stack.commands.restored_call(twin)
+                twin = await self.port.restored_call(twin)
                 self._answer(request, "completed", twin.result_json or "null", twin.key)
                 return None
         try:
@@ -286,7 +286,7 @@ class AgentRun:
             digest = tool.prepare(request.arguments).digest
         except ValueError:
             return None
-        calls = await self.ledger.list_calls(
+        calls = await self.port.list_calls(
             CallQuery(tenant_id=self.tenant_id, run_id=self.run_id, tool=tool.name, limit=500)
         )
         twins = [c for c in calls if c.args_digest == digest and c.tool_call_id != request.id]
@@ -318,9 +318,7 @@ class AgentRun:
         return RunResult(self.run_id, outcome, self.transcript, answer, None, detail)
 
     async def _append(self, event: Event) -> Any:
-        verdict = await self.ledger.stack.commands.append_and_await(
-            event, self.ledger.verdict_timeout
-        )
+        verdict = await self.port.append_and_await(event, self.ledger.verdict_timeout)
         if not verdict.accepted:
             raise RunSuperseded.of_run(
                 self.run_id, f"{event.type} was rejected ({verdict.reason}): {verdict.detail}"
@@ -328,10 +326,10 @@ class AgentRun:
         return verdict
 
     async def _run_record(self) -> RunRecord:
-        run = await self.ledger.read_run(self.run_id)
+        run = await self.port.read_run(self.run_id)
         if run is None:
             raise RunSuperseded.of_run(self.run_id, "the ledger has no such run")
-        return await self.ledger.stack.commands.restored_run(run)
+        return run
 
     def _envelope(self) -> dict[str, Any]:
         return {
@@ -361,48 +359,3 @@ def _settled_elsewhere(record: CallRecord | None) -> tuple[str, str] | None:
 
 def _final(status: str) -> RunState:
     return "completed" if status == "completed" else "failed"
-
-
-PAUSED = ("awaiting_reconciliation", "awaiting_approval", "duplicate_intent")
-
-
-def wait_is_over(run: RunRecord, call: CallRecord | None) -> bool:
-    """Whether a paused run's awaited call is settled (or decided, for an approval)."""
-    if run.status not in PAUSED or run.waiting_on is None:
-        return False
-    if call is None:
-        return False
-    if run.status == "awaiting_approval":
-        return call.status != "awaiting_approval"
-    return call.status not in UNSETTLED and not (call.contested and call.status == "failed")
-
-
-async def resumable_runs(
-    ledger: Ledger,
-    *,
-    tenant_id: str | None = None,
-    poll_interval: float = 0.2,
-    follow: bool = True,
-) -> AsyncIterator[RunRecord]:
-    """Paused runs whose awaited call was settled, as they become resumable.
-
-    For hosts that resume runs themselves (the `toolledger resumer` process does the same from
-    the facts topic). Each run is yielded once per pause; resuming it is the host's job
-    (`AgentRun(...).resume()`), and a run resumed elsewhere in the meantime is fenced by its
-    checkpoint, so yielding a run to two hosts is safe. With `follow=False` the iterator ends
-    after one pass.
-    """
-    yielded: set[tuple[str, str | None, object]] = set()
-    while True:
-        runs = await ledger.list_runs(PAUSED, tenant_id=tenant_id)
-        for run in runs:
-            mark = (run.run_id, run.waiting_on, run.updated_at)
-            if mark in yielded:
-                continue
-            call = await ledger.read_call(run.waiting_on) if run.waiting_on else None
-            if wait_is_over(run, call):
-                yielded.add(mark)
-                yield run
-        if not follow:
-            return
-        await asyncio.sleep(poll_interval)

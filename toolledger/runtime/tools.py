@@ -16,6 +16,11 @@ function and its side effect, so a replay never needs to run or even import the 
   write is then `indeterminate` (except `ToolNotAttemptedError` and `ToolFailedError`), which is
   the conservative answer. Calling `sending()` through a helper or an alias of the context is
   therefore not seen; pass the context itself and write `context.sending()` in the tool.
+- **Whether the tool passes its idempotency key**, read the same way (`<context>.idempotency_key`,
+  `key_passing_problem`). `toolledger.testing.assert_tool_contract` reports a tool that does not
+  (and has no reconcile hook); a pipelined tool that does not is refused at declaration
+  (`PipeliningRefused`), because a pipelined call may reach the other system twice and only the
+  key makes the second request harmless.
 """
 
 from __future__ import annotations
@@ -31,10 +36,10 @@ from typing import Any, Generic, Literal, ParamSpec, TypeVar, get_type_hints
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model
 from pydantic_core import PydanticSerializationError
 
-from toolledger.events.models import args_digest, canonical_json
+from toolledger.events.models import canonical_json, digest_of_canonical
 from toolledger.events.records import CallRecord
 from toolledger.runtime.context import ToolContext
-from toolledger.runtime.effects import SideEffect
+from toolledger.runtime.effects import PipeliningRefused, SideEffect
 
 log = logging.getLogger("toolledger.runtime")
 
@@ -116,6 +121,15 @@ class Tool(Generic[P, T]):
         self.return_type: Any = self.hints.get("return", Any)
         self._result: TypeAdapter[T] = TypeAdapter(self.return_type)
         self.marks_sending = uses_context_attribute(fn, self.context_param.name, "sending") is True
+        if effect.pipelined:
+            problem = key_passing_problem(fn, self.context_param.name)
+            if problem is not None:
+                raise PipeliningRefused(
+                    f"tool {name} cannot be pipelined: {problem}. A pipelined call may reach the "
+                    "other system twice, and only the key makes the second request harmless: "
+                    f"pass {self.context_param.name}.idempotency_key to the system it changes, "
+                    "or declare it without pipelined=True"
+                )
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Awaitable[T]:
         return self.fn(*args, **kwargs)
@@ -142,7 +156,7 @@ class Tool(Generic[P, T]):
         as_json = model.model_dump(mode="json", by_alias=True)
         text = canonical_json(as_json)
         values = {p.name: getattr(model, _field(i)) for i, p in enumerate(self._params)}
-        return PreparedCall(values=values, arguments_json=text, digest=args_digest(as_json))
+        return PreparedCall(values=values, arguments_json=text, digest=digest_of_canonical(text))
 
     def dump_result(self, value: Any) -> str:
         """The result as stored JSON. A value that does not fit the declared type is stored
@@ -256,6 +270,20 @@ def function_source_tree(fn: Callable[..., Any]) -> ast.AST | None:
         return ast.parse(source)
     except SyntaxError:
         return None
+
+
+def key_passing_problem(fn: Callable[..., Any], context: str) -> str | None:
+    """Why `fn` cannot be shown to pass `<context>.idempotency_key` downstream, or None if its
+    source reads it (an alias or a helper receiving the context is not seen)."""
+    reads_key = uses_context_attribute(fn, context, "idempotency_key")
+    if reads_key is None:
+        return (
+            f"its source cannot be read, so it cannot be shown to pass {context}.idempotency_key "
+            "downstream"
+        )
+    if not reads_key:
+        return f"it never reads {context}.idempotency_key"
+    return None
 
 
 def uses_context_attribute(fn: Callable[..., Any], context: str, attribute: str) -> bool | None:

@@ -1,0 +1,114 @@
+"""RuntimePort: everything the runtime asks of a ledger, and what it may expect back.
+
+`Ledger`, `AgentRun`, the call protocol (`toolledger.runtime.protocol`), the compensator and the
+reconciler talk to the ledger through this port and nothing else, so the rules below hold in
+one place instead of at every call site:
+
+- **Fail closed.** A record that cannot be read (PostgreSQL down) is `LedgerUnavailable`, never
+  "no record, go ahead". Only `LedgerUnavailable` and the documented permanent errors of an
+  append (`PayloadError`, `RecordTooLarge`: resending could only fail the same way) escape it.
+- **Payloads read as if inline.** Every record and verdict handed back has its payloads
+  restored (`toolledger.events.payloads`), except the records of `list_calls`, which only
+  `restored_call` pays for (a listing is read for keys and digests, rarely for results).
+- **An append is retried with the same event_id**, so resending never applies a request twice.
+
+Waiting is not decided here: every method is bounded by the `timeout` it is given, and the
+policies (how long, whether to try again) are the call protocol's `WaitPolicy`.
+`toolledger.runtime.stack_port.StackPort` implements it over a `LedgerStack`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Collection
+from datetime import datetime
+from typing import TypedDict
+
+from toolledger.events.models import Event
+from toolledger.events.payloads import PayloadLimits
+from toolledger.events.records import CallRecord, RunRecord, Verdict
+from toolledger.projections.store import CallQuery
+from toolledger.runtime.executor import CallIdentity
+
+
+class Envelope(TypedDict):
+    """The envelope fields every call event of one call carries."""
+
+    key: str
+    run_id: str
+    tool_call_id: str
+    tenant_id: str
+    occurred_at: datetime
+
+
+def envelope(who: CallIdentity, at: datetime) -> Envelope:
+    """The envelope of a call event about `who`, occurring `at`."""
+    return {
+        "key": who.key,
+        "run_id": who.run_id,
+        "tool_call_id": who.tool_call_id,
+        "tenant_id": who.tenant_id,
+        "occurred_at": at,
+    }
+
+
+class RuntimePort(ABC):
+    """Reads, appends and verdicts; `LedgerUnavailable` when the ledger cannot answer."""
+
+    @property
+    @abstractmethod
+    def limits(self) -> PayloadLimits:
+        """The payload limits appends are held to (arguments over `max_bytes` are refused)."""
+
+    @abstractmethod
+    async def read_call(self, key: str) -> CallRecord | None:
+        """The key's record, payloads restored; None if the ledger has no such call."""
+
+    @abstractmethod
+    async def read_run(self, run_id: str) -> RunRecord | None:
+        """The run's record, its transcript restored; None if the ledger has no such run."""
+
+    @abstractmethod
+    async def list_calls(self, query: CallQuery) -> list[CallRecord]:
+        """Calls matching `query`, payloads not restored (see `restored_call`)."""
+
+    @abstractmethod
+    async def list_runs(
+        self, statuses: Collection[str], *, tenant_id: str | None = None
+    ) -> list[RunRecord]:
+        """Runs in `statuses`, of `tenant_id` if given."""
+
+    @abstractmethod
+    async def restored_call(self, record: CallRecord) -> CallRecord:
+        """`record` with its referenced arguments and result back in place."""
+
+    @abstractmethod
+    async def append(self, event: Event, timeout: float) -> None:
+        """Append `event` durably: returns on Kafka's acknowledgement, resending the same
+        event_id on errors; `LedgerUnavailable` when none came within `timeout` seconds."""
+
+    @abstractmethod
+    async def append_until_landed(self, event: Event, *, each: float, pause: float) -> None:
+        """Append `event` until Kafka acknowledges it: tries of `each` seconds, `pause` seconds
+        apart, for as long as it takes (cancel the caller to stop). Permanent errors escape."""
+
+    @abstractmethod
+    async def append_and_await(self, event: Event, timeout: float) -> Verdict:
+        """Append `event` and return its verdict, both within `timeout` seconds in all. The
+        verdict is registered for before the append, so none can be missed."""
+
+    @abstractmethod
+    async def await_verdict(self, event_id: uuid.UUID, timeout: float) -> Verdict:
+        """The verdict of an event appended earlier, within `timeout` seconds."""
+
+    @abstractmethod
+    def watch_verdict(self, event_id: uuid.UUID) -> None:
+        """Watch for the verdict of an event about to be appended, so that the first
+        `await_verdict` of it, later, needs no read of its own if the verdict came meanwhile
+        (a pipelined reservation's, awaited after its tool ran). `unwatch_verdict` stops it
+        when nobody will wait."""
+
+    @abstractmethod
+    def unwatch_verdict(self, event_id: uuid.UUID) -> None:
+        """Stop watching for that verdict (nothing if it was awaited already)."""
