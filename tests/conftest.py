@@ -36,6 +36,7 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
 from tests import tracing_support
+from tests.isolated import Isolated
 from toolledger.devstack import (
     DATABASE_URL_ENV,
     KAFKA_BOOTSTRAP_ENV,
@@ -150,6 +151,12 @@ def topic_prefix(request: pytest.FixtureRequest) -> Iterator[str]:
         bootstrap: str = request.getfixturevalue("kafka_bootstrap")
         with ThreadPoolExecutor(max_workers=1) as pool:
             pool.submit(asyncio.run, _delete_topics(bootstrap, prefix)).result()
+
+
+@pytest.fixture
+def isolated(pg_dsn: str, kafka_bootstrap: str, pg_schema: str, topic_prefix: str) -> Isolated:
+    """This test's schema and topic prefix on the session's services (`tests.isolated`)."""
+    return Isolated(pg_dsn, kafka_bootstrap, pg_schema, f"{topic_prefix}.")
 
 
 async def _delete_topics(bootstrap: str, prefix: str) -> None:

@@ -3,7 +3,8 @@
 `tests/contract/test_runtime_scenarios.py` states the scenarios; this module holds the parts
 that are not themselves claims: tools that misbehave in one specific way each, a clock the test
 moves instead of sleeping, the `Harness` bundling one test's ledger with the fake billing
-system, and the two ways to get a second runtime (a worker subprocess on Kafka + PostgreSQL, a
+system (`memory_harness`, `kafka_postgres_harness`: the two ledgers every scenario suite runs
+on), and the two ways to get a second runtime (a worker subprocess on Kafka + PostgreSQL, a
 `Ledger` with frozen commands on the memory stack).
 """
 
@@ -15,13 +16,15 @@ import os
 import sys
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from tests.fake_billing import Credit, FakeBilling, find_credit
+from tests.fake_billing import Credit, FakeBilling, find_credit, use_service
 from tests.fake_billing import service as billing_service
+from tests.isolated import Isolated, child_env, running_ledger
 from toolledger import (
     Ledger,
     ProjectorSettings,
@@ -240,18 +243,41 @@ async def late_completed(h: Harness) -> None:
     assert (verdict.accepted, verdict.reason) == (False, "late_outcome")
 
 
+@asynccontextmanager
+async def memory_harness(tmp: Path, **options: Any) -> AsyncIterator[Harness]:
+    """A harness on `Ledger.memory()` (`options` go to it), the billing system in `tmp`."""
+    clock = Clock()
+    service = use_service(FakeBilling(tmp / "billing.db"))
+    ledger = await Ledger.memory(SIGNING_KEY, verdict_timeout=5, clock=clock, **options)
+    try:
+        yield Harness(ledger, ledger.stack, service, clock, tmp)
+    finally:
+        await ledger.close()
+
+
+@asynccontextmanager
+async def kafka_postgres_harness(
+    tmp: Path, isolated: Isolated, **settings: Any
+) -> AsyncIterator[Harness]:
+    """A harness on this test's Kafka topics and PostgreSQL schema with an in-process projector
+    (`settings` are the projector's own fields), the billing system in `tmp`."""
+    clock = Clock()
+    service = use_service(FakeBilling(tmp / "billing.db"))
+    on = _projector_settings(isolated, **settings)
+    async with running_ledger(on, verdict_timeout=5, clock=clock) as ledger:
+        yield Harness(ledger, ledger.stack, service, clock, tmp, on)
+
+
 def kafka_settings(
     pg_dsn: str, bootstrap: str, schema: str, topic_prefix: str
 ) -> ProjectorSettings:
     """One test's services, schema and topic prefix, 2 partitions, the harness's public key."""
-    return ProjectorSettings(
-        database_url=pg_dsn,
-        kafka_bootstrap=bootstrap,
-        schema_name=schema,
-        topic_prefix=topic_prefix + ".",
-        partitions=2,
-        verify_keys=SIGNING_KEY.verify_keys(),
-        verdict_timeout_s=5,
+    return _projector_settings(Isolated(pg_dsn, bootstrap, schema, topic_prefix + "."))
+
+
+def _projector_settings(isolated: Isolated, **settings: Any) -> ProjectorSettings:
+    return isolated.settings(
+        ProjectorSettings, verify_keys=SIGNING_KEY.verify_keys(), verdict_timeout_s=5, **settings
     )
 
 
@@ -319,15 +345,7 @@ async def start_worker(
     """
     assert h.settings is not None
     ready, go = h.tmp / f"{mode}.ready", h.tmp / f"{mode}.go"
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "TOOLLEDGER_DATABASE_URL": h.settings.database_url or "",
-        "TOOLLEDGER_KAFKA_BOOTSTRAP": h.settings.kafka_bootstrap or "",
-        "TOOLLEDGER_SCHEMA": h.settings.schema_name,
-        "TOOLLEDGER_TOPIC_PREFIX": h.settings.topic_prefix,
-        "TOOLLEDGER_PARTITIONS": "2",
-    }
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **child_env(h.settings)}
     argv = [
         *("-m", "tests.integration.crash_worker", mode),
         *("--service", str(h.service.path), "--ready", str(ready), "--go", str(go)),

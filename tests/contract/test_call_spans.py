@@ -22,6 +22,7 @@ from prometheus_client import REGISTRY
 
 from tests.contract.runtime_harness import SIGNING_KEY
 from tests.integration.procs import until
+from tests.isolated import Isolated, running_ledger
 from tests.tracing_support import Spans
 from toolledger import (
     Ledger,
@@ -34,7 +35,6 @@ from toolledger import (
     external,
     write,
 )
-from toolledger.stack import LedgerStack
 
 traced = Toolset("traced")
 
@@ -246,23 +246,12 @@ class TestMemoryCallSpans(CallSpans):
 
 class TestKafkaPostgresCallSpans(CallSpans):
     @pytest.fixture
-    async def ledger(
-        self, pg_dsn: str, pg_schema: str, kafka_bootstrap: str, topic_prefix: str
-    ) -> AsyncIterator[Ledger]:
-        settings = ProjectorSettings(
-            database_url=pg_dsn,
-            kafka_bootstrap=kafka_bootstrap,
-            schema_name=pg_schema,
-            topic_prefix=topic_prefix + ".",
-            partitions=2,
-            verdict_timeout_s=5,
-            verify_keys=SIGNING_KEY.verify_keys(),
+    async def ledger(self, isolated: Isolated) -> AsyncIterator[Ledger]:
+        settings = isolated.settings(
+            ProjectorSettings, verdict_timeout_s=5, verify_keys=SIGNING_KEY.verify_keys()
         )
-        stack = await LedgerStack.connect(settings, run_projector=True)
-        ledger = Ledger.from_stack(stack, verdict_timeout=5)
-        yield ledger
-        await ledger.close()
-        await stack.close()
+        async with running_ledger(settings, verdict_timeout=5) as ledger:
+            yield ledger
 
 
 del CallSpans

@@ -16,21 +16,19 @@ from pathlib import Path
 import pytest
 
 from tests.contract.runtime_harness import (
-    SIGNING_KEY,
-    Clock,
     Harness,
     calls,
     credit_then_hang,
-    kafka_settings,
+    kafka_postgres_harness,
     late_completed,
+    memory_harness,
     reset,
 )
-from tests.fake_billing import FakeBilling, use_service
-from toolledger import Ledger, ToolCallIndeterminate
+from tests.isolated import Isolated
+from toolledger import ToolCallIndeterminate
 from toolledger.events.models import CallResolved
 from toolledger.projections.store import CallQuery
 from toolledger.runtime.errors import ToolCallContested
-from toolledger.stack import LedgerStack
 
 
 @pytest.fixture(autouse=True)
@@ -87,26 +85,15 @@ class ContestedScenarios:
 class TestMemoryContested(ContestedScenarios):
     @pytest.fixture
     async def h(self, tmp_path: Path) -> AsyncIterator[Harness]:
-        clock = Clock()
-        service = use_service(FakeBilling(tmp_path / "billing.db"))
-        ledger = await Ledger.memory(SIGNING_KEY, verdict_timeout=5, clock=clock)
-        yield Harness(ledger, ledger.stack, service, clock, tmp_path)
-        await ledger.close()
+        async with memory_harness(tmp_path) as h:
+            yield h
 
 
 class TestKafkaPostgresContested(ContestedScenarios):
     @pytest.fixture
-    async def h(
-        self, tmp_path: Path, pg_dsn: str, pg_schema: str, kafka_bootstrap: str, topic_prefix: str
-    ) -> AsyncIterator[Harness]:
-        clock = Clock()
-        service = use_service(FakeBilling(tmp_path / "billing.db"))
-        settings = kafka_settings(pg_dsn, kafka_bootstrap, pg_schema, topic_prefix)
-        stack = await LedgerStack.connect(settings, run_projector=True)
-        ledger = Ledger.from_stack(stack, verdict_timeout=5, clock=clock)
-        yield Harness(ledger, stack, service, clock, tmp_path, settings)
-        await ledger.close()
-        await stack.close()
+    async def h(self, tmp_path: Path, isolated: Isolated) -> AsyncIterator[Harness]:
+        async with kafka_postgres_harness(tmp_path, isolated) as h:
+            yield h
 
 
 del ContestedScenarios

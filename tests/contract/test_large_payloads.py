@@ -21,11 +21,14 @@ from typing import Any
 import asyncpg
 import pytest
 
-from tests.contract.runtime_harness import SIGNING_KEY, Clock, Harness
-from tests.fake_billing import FakeBilling, use_service
+from tests.contract.runtime_harness import (
+    SIGNING_KEY,
+    Harness,
+    kafka_postgres_harness,
+    memory_harness,
+)
+from tests.isolated import Isolated
 from toolledger import (
-    Ledger,
-    ProjectorSettings,
     ToolCallIndeterminate,
     ToolContext,
     ToolFailedError,
@@ -37,7 +40,6 @@ from toolledger.events.payloads import PayloadLimits, PayloadUnavailable, digest
 from toolledger.projections.postgres import PostgresLedger
 from toolledger.projections.replay import copy_blobs, replay
 from toolledger.runtime.errors import ToolArgumentsTooLarge, ToolResultUnrecordable
-from toolledger.stack import LedgerStack
 
 #: Small limits, the same on both ledgers, so "over the maximum" needs no gigabytes.
 LIMITS = PayloadLimits(inline_bytes=64 * 1024, max_bytes=3 * 1024 * 1024)
@@ -202,13 +204,8 @@ class LargePayloadScenarios:
 class TestMemoryLargePayloads(LargePayloadScenarios):
     @pytest.fixture
     async def h(self, tmp_path: Path) -> AsyncIterator[Harness]:
-        clock = Clock()
-        service = use_service(FakeBilling(tmp_path / "billing.db"))
-        ledger = await Ledger.memory(
-            SIGNING_KEY, verdict_timeout=5, clock=clock, payload_limits=LIMITS
-        )
-        yield Harness(ledger, ledger.stack, service, clock, tmp_path)
-        await ledger.close()
+        async with memory_harness(tmp_path, payload_limits=LIMITS) as h:
+            yield h
 
     async def refuse_blobs(self, h: Harness) -> None:
         async def refuse(_blobs: object) -> None:
@@ -219,27 +216,13 @@ class TestMemoryLargePayloads(LargePayloadScenarios):
 
 class TestKafkaPostgresLargePayloads(LargePayloadScenarios):
     @pytest.fixture
-    async def h(
-        self, tmp_path: Path, pg_dsn: str, pg_schema: str, kafka_bootstrap: str, topic_prefix: str
-    ) -> AsyncIterator[Harness]:
-        clock = Clock()
-        service = use_service(FakeBilling(tmp_path / "billing.db"))
-        settings = ProjectorSettings(
-            database_url=pg_dsn,
-            kafka_bootstrap=kafka_bootstrap,
-            schema_name=pg_schema,
-            topic_prefix=topic_prefix + ".",
-            partitions=2,
-            verify_keys=SIGNING_KEY.verify_keys(),
-            verdict_timeout_s=5,
-            payload_inline_bytes=LIMITS.inline_bytes,
-            payload_max_bytes=LIMITS.max_bytes,
-        )
-        stack = await LedgerStack.connect(settings, run_projector=True)
-        ledger = Ledger.from_stack(stack, verdict_timeout=5, clock=clock)
-        yield Harness(ledger, stack, service, clock, tmp_path, settings)
-        await ledger.close()
-        await stack.close()
+    async def h(self, tmp_path: Path, isolated: Isolated) -> AsyncIterator[Harness]:
+        limits = {
+            "payload_inline_bytes": LIMITS.inline_bytes,
+            "payload_max_bytes": LIMITS.max_bytes,
+        }
+        async with kafka_postgres_harness(tmp_path, isolated, **limits) as h:
+            yield h
 
     async def test_a_replay_folds_the_same_ledger_without_blobs_then_copies_them(
         self, h: Harness

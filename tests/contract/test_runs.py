@@ -16,13 +16,13 @@ import pytest
 
 from tests import run_tools
 from tests.fake_billing import FakeBilling, use_service
+from tests.isolated import Isolated, running_ledger
 from tests.run_tools import ARGS, ScriptedModel, charge_once, runs_billing
 from toolledger import Ledger, ProjectorSettings, RunSuperseded
 from toolledger.events.models import CallApproved, CallCompleted, CallRejected, CallResolved
 from toolledger.events.signing import SigningKey, sign
 from toolledger.runtime.agents import AgentConfig, ToolPolicy
 from toolledger.runtime.runs import AgentRun, FinalAnswer, ToolCallRequest
-from toolledger.stack import LedgerStack
 
 KEY_ID = "ops-1"
 SIGNING_KEY = SigningKey.from_seed(KEY_ID, b"run-tests-operator-signing-key32")
@@ -353,23 +353,11 @@ class TestMemoryRuns(RunScenarios):
 
 class TestKafkaPostgresRuns(RunScenarios):
     @pytest.fixture
-    async def h(
-        self, tmp_path: Path, pg_dsn: str, pg_schema: str, kafka_bootstrap: str, topic_prefix: str
-    ) -> AsyncIterator[H]:
+    async def h(self, tmp_path: Path, isolated: Isolated) -> AsyncIterator[H]:
         billing = use_service(FakeBilling(tmp_path / "billing.db"))
-        settings = ProjectorSettings(
-            database_url=pg_dsn,
-            kafka_bootstrap=kafka_bootstrap,
-            schema_name=pg_schema,
-            topic_prefix=topic_prefix + ".",
-            partitions=2,
-            verify_keys=SIGNING_KEY.verify_keys(),
-        )
-        stack = await LedgerStack.connect(settings, run_projector=True)
-        ledger = Ledger.from_stack(stack, verdict_timeout=5)
-        yield H(ledger, billing)
-        await ledger.close()
-        await stack.close()
+        settings = isolated.settings(ProjectorSettings, verify_keys=SIGNING_KEY.verify_keys())
+        async with running_ledger(settings, verdict_timeout=5) as ledger:
+            yield H(ledger, billing)
 
 
 del RunScenarios

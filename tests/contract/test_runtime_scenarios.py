@@ -29,8 +29,6 @@ import pytest
 
 from tests.contract.runtime_harness import (
     ARGS,
-    SIGNING_KEY,
-    Clock,
     FrozenCommands,
     Harness,
     answer_of,
@@ -44,8 +42,9 @@ from tests.contract.runtime_harness import (
     declined_credit,
     flaky_lookup,
     gate,
-    kafka_settings,
+    kafka_postgres_harness,
     large_credit,
+    memory_harness,
     reset,
     slow_lookup,
     start_worker,
@@ -53,15 +52,14 @@ from tests.contract.runtime_harness import (
 )
 from tests.fake_billing import (
     Credit,
-    FakeBilling,
     issue_credit,
     issue_credit_slowly,
     issue_credit_unreconciled,
-    use_service,
 )
 from tests.fake_billing import (
     service as billing_service,
 )
+from tests.isolated import Isolated
 from toolledger import (
     KeyConflictError,
     Ledger,
@@ -86,7 +84,6 @@ from toolledger.events.models import (
     canonical_json,
 )
 from toolledger.events.records import CallRecord
-from toolledger.stack import LedgerStack
 
 
 @pytest.fixture(autouse=True)
@@ -353,11 +350,8 @@ class RuntimeScenarios:
 class TestMemoryRuntime(RuntimeScenarios):
     @pytest.fixture
     async def h(self, tmp_path: Path) -> AsyncIterator[Harness]:
-        clock = Clock()
-        service = use_service(FakeBilling(tmp_path / "billing.db"))
-        ledger = await Ledger.memory(SIGNING_KEY, verdict_timeout=5, clock=clock)
-        yield Harness(ledger, ledger.stack, service, clock, tmp_path)
-        await ledger.close()
+        async with memory_harness(tmp_path) as h:
+            yield h
 
     async def crash_after_tool(self, h: Harness, tool: Tool[Any, Any], call_id: str) -> None:
         commands = FrozenCommands(h.stack.events, h.stack.waiter)
@@ -386,17 +380,9 @@ class TestMemoryRuntime(RuntimeScenarios):
 
 class TestKafkaPostgresRuntime(RuntimeScenarios):
     @pytest.fixture
-    async def h(
-        self, tmp_path: Path, pg_dsn: str, pg_schema: str, kafka_bootstrap: str, topic_prefix: str
-    ) -> AsyncIterator[Harness]:
-        clock = Clock()
-        service = use_service(FakeBilling(tmp_path / "billing.db"))
-        settings = kafka_settings(pg_dsn, kafka_bootstrap, pg_schema, topic_prefix)
-        stack = await LedgerStack.connect(settings, run_projector=True)
-        ledger = Ledger.from_stack(stack, verdict_timeout=5, clock=clock)
-        yield Harness(ledger, stack, service, clock, tmp_path, settings)
-        await ledger.close()
-        await stack.close()
+    async def h(self, tmp_path: Path, isolated: Isolated) -> AsyncIterator[Harness]:
+        async with kafka_postgres_harness(tmp_path, isolated) as h:
+            yield h
 
     async def crash_after_tool(self, h: Harness, tool: Tool[Any, Any], call_id: str) -> None:
         proc, ready, _go = await start_worker(h, "crash", tool, call_id)

@@ -22,12 +22,15 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, TypeVar, overload
 
 from tests import builders as b
+from tests.isolated import child_env
+from toolledger.settings import Settings
 
 T = TypeVar("T")
 
@@ -254,16 +257,59 @@ class Procs:
             raise RuntimeError("could not stop: " + "; ".join(errors))
 
 
-def toolledger_env(
-    database_url: str, kafka_bootstrap: str, schema: str, topic_prefix: str, partitions: int
-) -> dict[str, str]:
+@asynccontextmanager
+async def python_child(
+    *args: str, env: Mapping[str, str], stdout: int = asyncio.subprocess.DEVNULL
+) -> AsyncIterator[asyncio.subprocess.Process]:
+    """`python args...` from the repository root with `env` (stderr piped), stopped by its pid
+    afterwards: SIGTERM, and SIGKILL if it has not exited 10 s later."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, *args, cwd=ROOT, env=env, stdout=stdout, stderr=asyncio.subprocess.PIPE
+    )
+    try:
+        yield proc
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            proc.terminate()
+        try:
+            await asyncio.wait_for(proc.wait(), 10)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+
+
+def run_toolledger(env: Mapping[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """`python -m toolledger args...` with exactly `env`, its output captured; 60 s at most."""
+    return subprocess.run(
+        [sys.executable, "-m", "toolledger", *args],
+        env=dict(env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+async def run_toolledger_async(env: Mapping[str, str], *args: str) -> tuple[int, str, str]:
+    """`run_toolledger` without blocking the loop: (exit status, stdout, stderr)."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "toolledger",
+        *args,
+        env=dict(env),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
+def toolledger_env(settings: Settings) -> dict[str, str]:
     """The `TOOLLEDGER_*` variables that point a child at one test's schema and topics."""
     return {
-        "TOOLLEDGER_DATABASE_URL": database_url,
-        "TOOLLEDGER_KAFKA_BOOTSTRAP": kafka_bootstrap,
-        "TOOLLEDGER_SCHEMA": schema,
-        "TOOLLEDGER_TOPIC_PREFIX": topic_prefix,
-        "TOOLLEDGER_PARTITIONS": str(partitions),
+        **child_env(settings),
         # Public: what a projector child verifies operator signatures with.
         "TOOLLEDGER_VERIFY_KEYS": b.SIGNING_KEY.public_setting(),
     }

@@ -6,20 +6,17 @@ import asyncio
 import contextlib
 import os
 import socket
-import sys
 import time
 import urllib.request
 from datetime import UTC, datetime
-from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests import builders as b
+from tests.integration.procs import python_child
+from tests.isolated import Isolated, child_env, running_stack
 from toolledger.processors.analytics import WINDOW_S
 from toolledger.settings import ProjectorSettings as Settings
-from toolledger.stack import LedgerStack
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _free_port() -> int:
@@ -39,41 +36,16 @@ def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 
 async def test_calls_by_status_and_the_per_minute_unknown_rate_are_exported(
-    pg_dsn: str, kafka_bootstrap: str, pg_schema: str, topic_prefix: str
+    isolated: Isolated,
 ) -> None:
     """Analytics must count each call once in its current status (a call that moved from
     started to completed is no longer counted as started) and rate unknown calls per minute,
     from decided facts only: a rejected reservation counts nowhere."""
-    settings = Settings(
-        database_url=pg_dsn,
-        kafka_bootstrap=kafka_bootstrap,
-        schema_name=pg_schema,
-        topic_prefix=topic_prefix + ".",
-        partitions=2,
-        verify_keys=b.KEYS,
-    )
-    stack = await LedgerStack.connect(settings, run_projector=True)
+    settings = isolated.settings(Settings, verify_keys=b.KEYS)
     port = _free_port()
-    env = {
-        **os.environ,
-        "TOOLLEDGER_DATABASE_URL": pg_dsn,
-        "TOOLLEDGER_KAFKA_BOOTSTRAP": kafka_bootstrap,
-        "TOOLLEDGER_SCHEMA": pg_schema,
-        "TOOLLEDGER_TOPIC_PREFIX": settings.topic_prefix,
-    }
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "toolledger",
-        "analytics",
-        "--metrics-port",
-        str(port),
-        cwd=ROOT,
-        env=env,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
+    env = {**os.environ, **child_env(settings)}
+    analytics = ("-m", "toolledger", "analytics", "--metrics-port", str(port))
+    async with running_stack(settings) as stack, python_child(*analytics, env=env) as proc:
         # The rate gauge shows the window (minute) the wall clock is in; the two indeterminate
         # calls happen in it, at one instant. Start with at least 40 s of the window left, so
         # that the window cannot end between the calls and the scrape (this test takes a few
@@ -121,12 +93,3 @@ async def test_calls_by_status_and_the_per_minute_unknown_rate_are_exported(
         assert all(got.get(k) == v for k, v in want.items()), ours
         started = (("status", "started"), ("tenant", "acme"), ("tool", "billing.issue_credit"))
         assert got.get(("toolledger_calls", started), 0.0) == 0.0
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            proc.terminate()
-        try:
-            await asyncio.wait_for(proc.wait(), 10)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
-        await stack.close()

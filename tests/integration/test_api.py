@@ -26,6 +26,8 @@ from hypothesis import HealthCheck, settings
 from schemathesis import checks
 
 from tests import api_support as s
+from tests.integration.procs import run_toolledger_async
+from tests.isolated import Isolated, child_env, running_stack
 from toolledger.api import create_app
 from toolledger.api.app import close_stack
 from toolledger.api.tokens import PostgresTokens
@@ -37,40 +39,15 @@ from toolledger.settings import OperatorSettings as Settings
 from toolledger.stack import LedgerStack
 
 
-def _settings(pg_dsn: str, bootstrap: str, schema: str, prefix: str) -> Settings:
-    return s.api_settings(
-        database_url=pg_dsn,
-        kafka_bootstrap=bootstrap,
-        schema_name=schema,
-        topic_prefix=f"{prefix}.",
-        partitions=2,
-    )
-
-
 @pytest.fixture
-def ledger_settings(
-    pg_dsn: str, kafka_bootstrap: str, pg_schema: str, topic_prefix: str
-) -> Settings:
-    return _settings(pg_dsn, kafka_bootstrap, pg_schema, topic_prefix)
+def ledger_settings(isolated: Isolated) -> Settings:
+    return s.api_settings(**isolated.connection())
 
 
 @pytest.fixture
 async def stack(ledger_settings: Settings) -> AsyncIterator[LedgerStack]:
-    stack = await LedgerStack.connect(ledger_settings, run_projector=True)
-    try:
+    async with running_stack(ledger_settings) as stack:
         yield stack
-    finally:
-        await close_stack(stack)
-
-
-@pytest.fixture
-async def tokens(pg_dsn: str, pg_schema: str) -> AsyncIterator[PostgresTokens]:
-    store = PostgresTokens(pg_dsn, pg_schema)
-    await store.start()
-    try:
-        yield store
-    finally:
-        await store.close()
 
 
 @pytest.fixture
@@ -349,10 +326,7 @@ async def test_readiness_and_metrics_read_the_real_ledger(
 def _env(settings: Settings) -> dict[str, str]:
     return {
         **os.environ,
-        "TOOLLEDGER_DATABASE_URL": str(settings.database_url),
-        "TOOLLEDGER_KAFKA_BOOTSTRAP": str(settings.kafka_bootstrap),
-        "TOOLLEDGER_SCHEMA": settings.schema_name,
-        "TOOLLEDGER_TOPIC_PREFIX": settings.topic_prefix,
+        **child_env(settings),
         "TOOLLEDGER_SIGNING_KEYS": s.SIGNING_KEY.setting(),
         "TOOLLEDGER_VERIFY_KEYS": s.SIGNING_KEY.public_setting(),
         "TOOLLEDGER_METRICS_TOKEN": s.METRICS_TOKEN,
@@ -362,18 +336,7 @@ def _env(settings: Settings) -> dict[str, str]:
 
 
 async def _cli(settings: Settings, *args: str) -> tuple[int, str, str]:
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "toolledger",
-        *args,
-        env=_env(settings),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(process.communicate(), 60)
-    assert process.returncode is not None
-    return process.returncode, out.decode(), err.decode()
+    return await run_toolledger_async(_env(settings), *args)
 
 
 async def test_the_cli_shares_the_service_and_tokens_with_the_api(
@@ -483,10 +446,8 @@ async def _issue(pg_dsn: str, schema: str) -> str:
 
 
 @pytest.fixture
-def schema_settings(
-    pg_dsn: str, kafka_bootstrap: str, pg_schema: str, topic_prefix: str
-) -> Settings:
-    return _settings(pg_dsn, kafka_bootstrap, pg_schema, topic_prefix)
+def schema_settings(isolated: Isolated) -> Settings:
+    return s.api_settings(**isolated.connection())
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ import asyncpg
 import pytest
 
 from tests import api_support as s
+from tests.isolated import Isolated, child_env, running_stack
 from tests.run_tools import ScriptedModel, runs_billing
 from toolledger.api.app import close_stack, create_app
 from toolledger.api.tokens import PostgresTokens
@@ -40,30 +41,9 @@ ODD_TOOL_CALL_IDS = [
 ]
 
 
-def _settings(pg_dsn: str, bootstrap: str, schema: str, prefix: str, **kw: Any) -> Any:
-    return s.api_settings(
-        database_url=pg_dsn,
-        kafka_bootstrap=bootstrap,
-        schema_name=schema,
-        topic_prefix=f"{prefix}.",
-        partitions=2,
-        **kw,
-    )
-
-
 @pytest.fixture
-def settings(pg_dsn: str, kafka_bootstrap: str, pg_schema: str, topic_prefix: str) -> Any:
-    return _settings(pg_dsn, kafka_bootstrap, pg_schema, topic_prefix)
-
-
-@pytest.fixture
-async def tokens(pg_dsn: str, pg_schema: str) -> AsyncIterator[PostgresTokens]:
-    store = PostgresTokens(pg_dsn, pg_schema)
-    await store.start()
-    try:
-        yield store
-    finally:
-        await store.close()
+def settings(isolated: Isolated) -> Any:
+    return s.api_settings(**isolated.connection())
 
 
 async def test_the_api_is_not_ready_and_appends_nothing_while_no_projector_knows_its_key(
@@ -115,11 +95,8 @@ async def test_the_api_is_not_ready_and_appends_nothing_while_no_projector_knows
 
 @pytest.fixture
 async def stack(settings: Any) -> AsyncIterator[LedgerStack]:
-    stack = await LedgerStack.connect(settings, run_projector=True)
-    try:
+    async with running_stack(settings) as stack:
         yield stack
-    finally:
-        await close_stack(stack)
 
 
 async def test_keys_with_any_character_a_thread_id_may_hold_are_addressable_over_http(
@@ -151,10 +128,7 @@ async def test_the_cli_takes_the_same_keys(stack: LedgerStack, settings: Any) ->
     calls = s.Calls(stack)
     env = {
         **os.environ,
-        "TOOLLEDGER_DATABASE_URL": settings.database_url,
-        "TOOLLEDGER_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
-        "TOOLLEDGER_SCHEMA": settings.schema_name,
-        "TOOLLEDGER_TOPIC_PREFIX": settings.topic_prefix,
+        **child_env(settings),
         "TOOLLEDGER_SIGNING_KEYS": s.SIGNING_KEY.setting(),
         "COLUMNS": "250",
     }

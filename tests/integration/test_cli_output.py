@@ -3,63 +3,36 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
-import sys
 from collections.abc import AsyncIterator
 
 import pytest
 
 from tests import api_support as s
-from toolledger.api.app import close_stack
+from tests.integration.procs import run_toolledger_async
+from tests.isolated import Isolated, child_env, running_stack
 from toolledger.settings import Settings
-from toolledger.stack import LedgerStack
 
 
 @pytest.fixture
-def ledger_settings(
-    pg_dsn: str, kafka_bootstrap: str, pg_schema: str, topic_prefix: str
-) -> Settings:
-    return s.api_settings(
-        database_url=pg_dsn,
-        kafka_bootstrap=kafka_bootstrap,
-        schema_name=pg_schema,
-        topic_prefix=f"{topic_prefix}.",
-        partitions=2,
-    )
+def ledger_settings(isolated: Isolated) -> Settings:
+    return s.api_settings(**isolated.connection())
 
 
 @pytest.fixture
 async def calls(ledger_settings: Settings) -> AsyncIterator[s.Calls]:
-    stack = await LedgerStack.connect(ledger_settings, run_projector=True)
-    try:
+    async with running_stack(ledger_settings) as stack:
         yield s.Calls(stack)
-    finally:
-        await close_stack(stack)
 
 
 async def _cli(settings: Settings, *args: str) -> tuple[int, str, str]:
     env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
     env |= {
-        "TOOLLEDGER_DATABASE_URL": str(settings.database_url),
-        "TOOLLEDGER_KAFKA_BOOTSTRAP": str(settings.kafka_bootstrap),
-        "TOOLLEDGER_SCHEMA": settings.schema_name,
-        "TOOLLEDGER_TOPIC_PREFIX": settings.topic_prefix,
+        **child_env(settings),
         "TOOLLEDGER_SIGNING_KEYS": s.SIGNING_KEY.setting(),
         "TOOLLEDGER_OPERATOR": "carol",
     }
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "toolledger",
-        *args,
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(process.communicate(), 60)
-    assert process.returncode is not None
-    return process.returncode, out.decode(), err.decode()
+    return await run_toolledger_async(env, *args)
 
 
 async def test_history_of_a_bare_ledger_run_shows_its_calls(

@@ -24,9 +24,9 @@ from playwright.async_api import BrowserContext, Page, Playwright, async_playwri
 
 from tests import api_support as s
 from tests.browser import CHROMIUM_ARGS, chromium_path, serve
+from tests.isolated import Isolated, running_stack
 from toolledger import Ledger, ToolCallIndeterminate, ToolContext, Toolset, external
 from toolledger.api import create_app
-from toolledger.api.app import close_stack
 from toolledger.api.console.web import dom_id
 from toolledger.api.tokens import PostgresTokens, Role
 from toolledger.events.models import RunCheckpointed, RunPaused, RunStarted
@@ -50,47 +50,20 @@ async def send_payout(account_id: str, amount_cents: int, context: ToolContext) 
 
 
 @pytest.fixture
-async def stack(
-    pg_dsn: str, kafka_bootstrap: str, pg_schema: str, topic_prefix: str
-) -> AsyncIterator[LedgerStack]:
-    settings = _settings(pg_dsn, kafka_bootstrap, pg_schema, topic_prefix)
-    stack = await LedgerStack.connect(settings, run_projector=True)
-    try:
-        yield stack
-    finally:
-        await close_stack(stack)
-
-
-def _settings(pg_dsn: str, bootstrap: str, schema: str, prefix: str) -> OperatorSettings:
-    return s.api_settings(
-        database_url=pg_dsn,
-        kafka_bootstrap=bootstrap,
-        schema_name=schema,
-        topic_prefix=f"{prefix}.",
-        partitions=2,
-    )
+def settings(isolated: Isolated) -> OperatorSettings:
+    return s.api_settings(**isolated.connection())
 
 
 @pytest.fixture
-async def tokens(pg_dsn: str, pg_schema: str) -> AsyncIterator[PostgresTokens]:
-    store = PostgresTokens(pg_dsn, pg_schema)
-    await store.start()
-    try:
-        yield store
-    finally:
-        await store.close()
+async def stack(settings: OperatorSettings) -> AsyncIterator[LedgerStack]:
+    async with running_stack(settings) as stack:
+        yield stack
 
 
 @pytest.fixture
 async def console(
-    stack: LedgerStack,
-    pg_dsn: str,
-    kafka_bootstrap: str,
-    pg_schema: str,
-    topic_prefix: str,
-    tokens: PostgresTokens,
+    stack: LedgerStack, settings: OperatorSettings, tokens: PostgresTokens
 ) -> AsyncIterator[str]:
-    settings = _settings(pg_dsn, kafka_bootstrap, pg_schema, topic_prefix)
     app: FastAPI = create_app(stack, settings, tokens=tokens, tools=s.TOOLS)
     async with serve(app) as base:
         yield base

@@ -6,14 +6,16 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import pytest
 
 from tests import builders as b
+from tests.integration.procs import run_toolledger, toolledger_env
+from tests.isolated import Isolated, running_stack
 from toolledger.devstack import start_tansu, stop_service
 from toolledger.events.codec import default_codec, encode, frame, unframe
 from toolledger.events.fold import broken_chains
@@ -31,29 +33,14 @@ from toolledger.stack import LedgerStack
 FIXTURE_SCHEMAS = Path(__file__).resolve().parent.parent / "unit" / "schemas_fixture"
 
 
-def _settings(pg_dsn: str, bootstrap: str, schema: str, prefix: str, **extra: object) -> Settings:
-    return Settings(
-        database_url=pg_dsn,
-        kafka_bootstrap=bootstrap,
-        schema_name=schema,
-        topic_prefix=f"{prefix}.",
-        partitions=2,
-        verify_keys=b.KEYS,
-        **extra,  # type: ignore[arg-type]
-    )
+def _settings(isolated: Isolated, **extra: Any) -> Settings:
+    return isolated.settings(Settings, verify_keys=b.KEYS, **extra)
 
 
 @pytest.fixture
-async def stack(
-    pg_dsn: str, kafka_bootstrap: str, pg_schema: str, topic_prefix: str
-) -> AsyncIterator[LedgerStack]:
-    s = await LedgerStack.connect(
-        _settings(pg_dsn, kafka_bootstrap, pg_schema, topic_prefix), run_projector=True
-    )
-    try:
-        yield s
-    finally:
-        await s.close()
+async def stack(isolated: Isolated) -> AsyncIterator[LedgerStack]:
+    async with running_stack(_settings(isolated)) as stack:
+        yield stack
 
 
 async def _project(stack: LedgerStack, *events: Event) -> None:
@@ -108,7 +95,7 @@ async def test_undecodable_records_go_to_the_dlq_with_a_reason_and_later_events_
 
 
 async def test_an_unknown_schema_halts_its_partition_until_a_reader_that_knows_it_is_deployed(
-    pg_dsn: str, kafka_bootstrap: str, pg_schema: str, topic_prefix: str
+    isolated: Isolated, pg_dsn: str, pg_schema: str
 ) -> None:
     """A record written with a newer schema must not be skipped (that would silently drop an
     event of some run): its partition halts, other partitions go on, and a projector whose
@@ -116,7 +103,7 @@ async def test_an_unknown_schema_halts_its_partition_until_a_reader_that_knows_i
     released = SchemaRegistry.packaged()
     fixture = SchemaRegistry.from_dirs(FIXTURE_SCHEMAS)
     registry = SchemaRegistry([*released, *(s for s in fixture if s.version == 4)])
-    settings = _settings(pg_dsn, kafka_bootstrap, pg_schema, topic_prefix)
+    settings = _settings(isolated)
     old = await LedgerStack.connect(settings, run_projector=True)
     newer = next(s for s in registry.versions("CallReserved") if s.version == 4)
     future = b.reserved("future-run", "c1")
@@ -179,7 +166,8 @@ async def test_a_broker_that_lost_its_data_stops_the_projector_and_changes_nothi
     history; a runtime must fail closed; PostgreSQL must keep everything it had."""
     broker = start_tansu(tmp_path / "broker")
     try:
-        settings = _settings(pg_dsn, broker.address, pg_schema, topic_prefix, identity_check_s=0.2)
+        on_broker = Isolated(pg_dsn, broker.address, pg_schema, f"{topic_prefix}.")
+        settings = _settings(on_broker, identity_check_s=0.2)
         stack = await LedgerStack.connect(settings, run_projector=True)
         try:
             await _project(stack, *(b.reserved(f"run-{n}", "c1") for n in range(10)))
@@ -214,32 +202,17 @@ async def test_every_verdict_is_published_as_a_fact_with_its_position(stack: Led
 
 
 def _cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {
-        **os.environ,
-        "TOOLLEDGER_DATABASE_URL": str(settings.database_url),
-        "TOOLLEDGER_KAFKA_BOOTSTRAP": str(settings.kafka_bootstrap),
-        "TOOLLEDGER_SCHEMA": settings.schema_name,
-        "TOOLLEDGER_TOPIC_PREFIX": settings.topic_prefix,
-        "TOOLLEDGER_VERIFY_KEYS": b.SIGNING_KEY.public_setting(),
-        "COLUMNS": "200",
-    }
-    return subprocess.run(
-        [sys.executable, "-m", "toolledger", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    env = {**os.environ, **toolledger_env(settings), "COLUMNS": "200"}
+    return run_toolledger(env, *args)
 
 
 async def test_replay_from_offset_zero_rebuilds_the_same_ledger_and_verify_catches_a_tampered_row(
-    pg_dsn: str, kafka_bootstrap: str, pg_schema: str, topic_prefix: str
+    isolated: Isolated, pg_dsn: str, pg_schema: str
 ) -> None:
     """Dropping the projection and replaying the log must give the same ledger (rows,
     history, digest), in one process or split across two; and `replay --verify` must notice a
     record changed by hand."""
-    settings = _settings(pg_dsn, kafka_bootstrap, pg_schema, topic_prefix)
+    settings = _settings(isolated)
     stack = await LedgerStack.connect(settings, run_projector=True)
     try:
         for n in range(20):
@@ -304,12 +277,12 @@ async def _tamper(dsn: str, schema: str, statement: str, *args: object) -> None:
 
 
 async def test_replay_verify_names_the_key_and_offset_of_a_tampered_or_removed_history_entry(
-    pg_dsn: str, kafka_bootstrap: str, pg_schema: str, topic_prefix: str
+    isolated: Isolated, pg_dsn: str, pg_schema: str
 ) -> None:
     """Each history entry is chained to the previous one of its key: an entry altered by hand
     breaks the chain at itself, a removed one breaks it at the next entry of the key, and
     `replay --verify` names both."""
-    settings = _settings(pg_dsn, kafka_bootstrap, pg_schema, topic_prefix)
+    settings = _settings(isolated)
     stack = await LedgerStack.connect(settings, run_projector=True)
     try:
         altered, removed = b.reserved("chain-a", "c1"), b.reserved("chain-b", "c1")
@@ -362,13 +335,13 @@ async def test_replay_verify_names_the_key_and_offset_of_a_tampered_or_removed_h
 
 
 async def test_history_and_dead_letters_commands_show_what_the_ledger_holds(
-    stack: LedgerStack, pg_dsn: str, kafka_bootstrap: str, pg_schema: str, topic_prefix: str
+    stack: LedgerStack, isolated: Isolated
 ) -> None:
     r = b.reserved("cli-run", "c1")
     await _project(stack, r, b.completed(r), b.completed(r))
     await stack.events.append("cli-bad", b"junk")
     await _project(stack, b.reserved("cli-bad", "c1"))
-    settings = _settings(pg_dsn, kafka_bootstrap, pg_schema, topic_prefix)
+    settings = _settings(isolated)
     shown = _cli(settings, "history", "cli-run:c1")
     assert shown.returncode == 0, shown.stderr
     assert "call_reserved" in shown.stdout and "late_outcome" in shown.stdout

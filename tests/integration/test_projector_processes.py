@@ -31,6 +31,7 @@ import pytest
 
 from tests import builders as b
 from tests.integration.procs import Proc, Procs, toolledger_env, until
+from tests.isolated import Isolated
 from toolledger.events.models import Event
 from toolledger.events.records import Verdict
 from toolledger.projections.commands import LedgerCommands
@@ -168,17 +169,10 @@ class Scene:
 
 @pytest.fixture
 async def scene(
-    pg_dsn: str, kafka_bootstrap: str, pg_schema: str, topic_prefix: str, tmp_path: Path
+    isolated: Isolated, pg_dsn: str, pg_schema: str, tmp_path: Path
 ) -> AsyncIterator[Scene]:
-    settings = Settings(
-        database_url=pg_dsn,
-        kafka_bootstrap=kafka_bootstrap,
-        schema_name=pg_schema,
-        topic_prefix=f"{topic_prefix}.",
-        partitions=PARTITIONS,
-        verify_keys=b.KEYS,
-    )
-    env = toolledger_env(pg_dsn, kafka_bootstrap, pg_schema, f"{topic_prefix}.", PARTITIONS)
+    settings = isolated.settings(Settings, partitions=PARTITIONS, verify_keys=b.KEYS)
+    env = toolledger_env(settings)
     procs = Procs(tmp_path)
     client = await LedgerStack.connect(settings, run_projector=False)
     db = await asyncpg.connect(pg_dsn, server_settings={"search_path": f'"{pg_schema}"'})

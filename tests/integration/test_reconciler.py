@@ -33,6 +33,7 @@ from tests.integration.reconcile_tools import (
     hold_path,
     issue_credit,
 )
+from tests.isolated import Isolated
 from tests.tracing_support import Spans
 from toolledger import Ledger, ToolCallIndeterminate
 from toolledger.events.fold import HistoryEntry
@@ -183,19 +184,10 @@ def _lost_the_race(history: Sequence[HistoryEntry]) -> int:
 
 
 @pytest.fixture
-async def scene(
-    pg_dsn: str, kafka_bootstrap: str, pg_schema: str, topic_prefix: str, tmp_path: Path
-) -> AsyncIterator[Scene]:
-    settings = Settings(
-        database_url=pg_dsn,
-        kafka_bootstrap=kafka_bootstrap,
-        schema_name=pg_schema,
-        topic_prefix=f"{topic_prefix}.",
-        partitions=PARTITIONS,
-        verify_keys=b.KEYS,
-    )
+async def scene(isolated: Isolated, tmp_path: Path) -> AsyncIterator[Scene]:
+    settings = isolated.settings(Settings, partitions=PARTITIONS, verify_keys=b.KEYS)
     billing_path = tmp_path / "billing.sqlite"
-    env = toolledger_env(pg_dsn, kafka_bootstrap, pg_schema, f"{topic_prefix}.", PARTITIONS)
+    env = toolledger_env(settings)
     env[BILLING_ENV] = str(billing_path)
     procs = Procs(tmp_path)
     stack = await LedgerStack.connect(settings, run_projector=True)

@@ -3,65 +3,45 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-import sys
 from pathlib import Path
 
 from tests.fake_billing import FakeBilling, use_service
+from tests.integration.procs import python_child
+from tests.isolated import Isolated, child_env, running_ledger
 from tests.run_tools import ARGS, ScriptedModel, runs_billing
-from toolledger import Ledger, ProjectorSettings
+from toolledger import ProjectorSettings
 from toolledger.events.models import CallApproved
 from toolledger.events.signing import SigningKey, sign
 from toolledger.runtime.agents import AgentConfig
 from toolledger.runtime.runs import AgentRun, ToolCallRequest
-from toolledger.stack import LedgerStack
 
 ROOT = Path(__file__).resolve().parents[2]
 SIGNING_KEY = SigningKey.from_seed("ops-1", b"resumer-test-operator-signing-k1")
 
 
 async def test_an_approved_call_resumes_its_paused_run_through_the_resumer(
-    pg_dsn: str, kafka_bootstrap: str, pg_schema: str, topic_prefix: str, tmp_path: Path
+    isolated: Isolated, tmp_path: Path
 ) -> None:
     """A run paused awaiting approval must go on by itself once an operator approves: the
     resumer sees the decision in the facts and calls the host, which resumes the run; the
     refund is made once and the model hears its result."""
-    settings = ProjectorSettings(
-        database_url=pg_dsn,
-        kafka_bootstrap=kafka_bootstrap,
-        schema_name=pg_schema,
-        topic_prefix=topic_prefix + ".",
-        partitions=2,
-        verify_keys=SIGNING_KEY.verify_keys(),
-    )
+    settings = isolated.settings(ProjectorSettings, verify_keys=SIGNING_KEY.verify_keys())
     billing = use_service(FakeBilling(tmp_path / "billing.db"))
-    stack = await LedgerStack.connect(settings, run_projector=True)
-    ledger = Ledger.from_stack(stack, verdict_timeout=10)
     log = tmp_path / "resumed.log"
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT),
-        "TOOLLEDGER_DATABASE_URL": pg_dsn,
-        "TOOLLEDGER_KAFKA_BOOTSTRAP": kafka_bootstrap,
-        "TOOLLEDGER_SCHEMA": pg_schema,
-        "TOOLLEDGER_TOPIC_PREFIX": settings.topic_prefix,
+        **child_env(settings),
         "BILLING_DB": str(tmp_path / "billing.db"),
         "RESUME_LOG": str(log),
     }
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "toolledger",
-        "resumer",
-        "--app",
-        "tests.integration.resume_hook:resume",
-        cwd=ROOT,
-        env=env,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
+    resumer = ("-m", "toolledger", "resumer", "--app", "tests.integration.resume_hook:resume")
+    async with (
+        running_ledger(settings, verdict_timeout=10) as ledger,
+        python_child(*resumer, env=env) as proc,
+    ):
+        stack = ledger.stack
         model = ScriptedModel([ToolCallRequest("c1", "runs.refund", ARGS)])
         paused = await AgentRun(
             ledger,
@@ -95,13 +75,3 @@ async def test_an_approved_call_resumes_its_paused_run_through_the_resumer(
         assert billing.effects() == 1
         run = await stack.store.get_run("r1")
         assert run is not None and run.status == "completed"
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            proc.terminate()
-        try:
-            await asyncio.wait_for(proc.wait(), 10)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
-        await ledger.close()
-        await stack.close()

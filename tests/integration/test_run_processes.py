@@ -16,47 +16,29 @@ import pytest
 
 from tests import builders as b
 from tests.fake_billing import FakeBilling, use_service
+from tests.isolated import Isolated, child_env, running_ledger
 from tests.run_tools import ARGS, ScriptedModel, runs_billing
 from toolledger import Ledger
 from toolledger import ProjectorSettings as Settings
 from toolledger.runtime.agents import AgentConfig
 from toolledger.runtime.runs import AgentRun, FinalAnswer, ToolCallRequest
-from toolledger.stack import LedgerStack
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def settings(pg_dsn: str, kafka_bootstrap: str, pg_schema: str, topic_prefix: str) -> Settings:
-    return Settings(
-        database_url=pg_dsn,
-        kafka_bootstrap=kafka_bootstrap,
-        schema_name=pg_schema,
-        topic_prefix=topic_prefix + ".",
-        partitions=2,
-        verify_keys=b.KEYS,
-    )
+def settings(isolated: Isolated) -> Settings:
+    return isolated.settings(Settings, verify_keys=b.KEYS)
 
 
 @pytest.fixture
 async def ledger(settings: Settings) -> AsyncIterator[Ledger]:
-    stack = await LedgerStack.connect(settings, run_projector=True)
-    ledger = Ledger.from_stack(stack, verdict_timeout=10)
-    yield ledger
-    await ledger.close()
-    await stack.close()
+    async with running_ledger(settings, verdict_timeout=10) as ledger:
+        yield ledger
 
 
 async def _worker(settings: Settings, tmp: Path, *args: str) -> asyncio.subprocess.Process:
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "TOOLLEDGER_DATABASE_URL": settings.database_url or "",
-        "TOOLLEDGER_KAFKA_BOOTSTRAP": settings.kafka_bootstrap or "",
-        "TOOLLEDGER_SCHEMA": settings.schema_name,
-        "TOOLLEDGER_TOPIC_PREFIX": settings.topic_prefix,
-        "TOOLLEDGER_PARTITIONS": "2",
-    }
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **child_env(settings)}
     return await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",

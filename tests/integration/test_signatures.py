@@ -6,12 +6,13 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
-import sys
 from typing import Any
 
 import pytest
 
 from tests import builders as b
+from tests.integration.procs import run_toolledger
+from tests.isolated import Isolated, child_env
 from toolledger import Ledger, Settings, load_settings
 from toolledger.errors import ExitStatus
 from toolledger.events.codec import encode
@@ -24,19 +25,10 @@ from toolledger.stack import LedgerStack
 K2 = SigningKey.from_seed("k2", b"the second operator signing key!")
 
 
-def _shared(pg_dsn: str, bootstrap: str, schema: str, prefix: str) -> dict[str, Any]:
-    return {
-        "database_url": pg_dsn,
-        "kafka_bootstrap": bootstrap,
-        "schema_name": schema,
-        "topic_prefix": f"{prefix}.",
-        "partitions": 2,
-    }
-
-
 @pytest.fixture
-def shared(pg_dsn: str, kafka_bootstrap: str, pg_schema: str, topic_prefix: str) -> dict[str, Any]:
-    return _shared(pg_dsn, kafka_bootstrap, pg_schema, topic_prefix)
+def shared(isolated: Isolated) -> dict[str, Any]:
+    """The settings every role here shares: this test's schema and topics."""
+    return isolated.connection()
 
 
 async def _projecting(shared: dict[str, Any], *keys: SigningKey) -> LedgerStack:
@@ -58,25 +50,10 @@ def _cli(
     shared: dict[str, Any], verify: str | None, *args: str
 ) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLLEDGER_")}
-    env.update(
-        {
-            "TOOLLEDGER_DATABASE_URL": shared["database_url"],
-            "TOOLLEDGER_KAFKA_BOOTSTRAP": shared["kafka_bootstrap"],
-            "TOOLLEDGER_SCHEMA": shared["schema_name"],
-            "TOOLLEDGER_TOPIC_PREFIX": shared["topic_prefix"],
-            "COLUMNS": "250",
-        }
-    )
+    env.update({**child_env(Settings(**shared)), "COLUMNS": "250"})
     if verify is not None:
         env["TOOLLEDGER_VERIFY_KEYS"] = verify
-    return subprocess.run(
-        [sys.executable, "-m", "toolledger", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    return run_toolledger(env, *args)
 
 
 def _resolution(r: Any, key: SigningKey) -> CallResolved:

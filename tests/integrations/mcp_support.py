@@ -25,6 +25,7 @@ from tests import api_support as s
 from tests.api_support import OneProcessSettings as Settings
 from tests.fake_billing import FakeBilling, use_service
 from tests.integrations import mcp_tools
+from tests.isolated import Isolated, child_env
 from toolledger import Ledger
 from toolledger.api import create_app
 from toolledger.api.app import close_stack
@@ -45,28 +46,17 @@ ISSUE_LARGE = "shop__refunds__issue_large"
 BALANCE = "shop__refunds__balance"
 
 
-def stack_settings(pg_dsn: str, bootstrap: str, schema: str, prefix: str) -> Settings:
-    return s.api_settings(
-        database_url=pg_dsn,
-        kafka_bootstrap=bootstrap,
-        schema_name=schema,
-        topic_prefix=f"{prefix}.",
-        partitions=2,
-    )
+def stack_settings(isolated: Isolated) -> Settings:
+    return s.api_settings(**isolated.connection())
 
 
-def child_env(settings: Settings, billing_db: Path) -> dict[str, str]:
+def serve_env(settings: Settings, billing_db: Path) -> dict[str, str]:
     """The environment of a `toolledger mcp serve` child on `settings`' ledger."""
-    assert settings.database_url is not None and settings.kafka_bootstrap is not None
     return {
         "PATH": os.environ.get("PATH", ""),
         "PYTHONPATH": str(ROOT),
         "PYTHONUNBUFFERED": "1",
-        "TOOLLEDGER_DATABASE_URL": settings.database_url,
-        "TOOLLEDGER_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
-        "TOOLLEDGER_SCHEMA": settings.schema_name,
-        "TOOLLEDGER_TOPIC_PREFIX": settings.topic_prefix,
-        "TOOLLEDGER_PARTITIONS": str(settings.partitions),
+        **child_env(settings),
         "MCP_TEST_BILLING_DB": str(billing_db),
     }
 

@@ -25,28 +25,22 @@ from tests import api_support as s
 from tests.api_support import OneProcessSettings as Settings
 from tests.fake_billing import FakeBilling
 from tests.integration.procs import Proc, Procs, toolledger_env, until
+from tests.isolated import Isolated, running_stack
 from toolledger.api import create_app
 from toolledger.api.tokens import MemoryTokens
 from toolledger.stack import LedgerStack
 
 
 @pytest.fixture
-def settings(pg_dsn: str, kafka_bootstrap: str, pg_schema: str, topic_prefix: str) -> Settings:
-    return s.api_settings(
-        database_url=pg_dsn,
-        kafka_bootstrap=kafka_bootstrap,
-        schema_name=pg_schema,
-        topic_prefix=topic_prefix + ".",
-        partitions=2,
-    )
+def settings(isolated: Isolated) -> Settings:
+    return s.api_settings(**isolated.connection())
 
 
 @pytest.fixture
 async def stack(settings: Settings) -> AsyncIterator[LedgerStack]:
     """The projector runs here; the workers only append and read."""
-    stack = await LedgerStack.connect(settings, run_projector=True)
-    yield stack
-    await stack.close()
+    async with running_stack(settings) as stack:
+        yield stack
 
 
 @pytest.fixture
@@ -61,15 +55,7 @@ class Workers:
         self.procs = procs
         self.tmp = tmp
         self.framework = framework
-        self.env = {
-            **toolledger_env(
-                settings.database_url or "",
-                settings.kafka_bootstrap or "",
-                settings.schema_name,
-                settings.topic_prefix,
-                2,
-            ),
-        }
+        self.env = toolledger_env(settings)
         self.store = tmp / "store"
         self.store.mkdir()
         self.billing = FakeBilling(tmp / "billing.db")

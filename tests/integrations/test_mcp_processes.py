@@ -32,14 +32,14 @@ from tests.integrations.mcp_support import (
     ISSUE_THEN_STALL,
     REFUND,
     ROOT,
-    child_env,
     free_port,
     serve_argv,
+    serve_env,
     stack_settings,
     status,
     text,
 )
-from toolledger.api.app import close_stack
+from tests.isolated import Isolated, running_stack
 from toolledger.integrations.mcp import call_tool_keyed
 from toolledger.stack import LedgerStack
 
@@ -47,18 +47,15 @@ START_TIMEOUT = 60.0
 
 
 @pytest.fixture
-def settings(pg_dsn: str, kafka_bootstrap: str, pg_schema: str, topic_prefix: str) -> Settings:
-    return stack_settings(pg_dsn, kafka_bootstrap, pg_schema, topic_prefix)
+def settings(isolated: Isolated) -> Settings:
+    return stack_settings(isolated)
 
 
 @pytest.fixture
 async def projector(settings: Settings) -> AsyncIterator[LedgerStack]:
     """This test's topics and schema, and the projector that folds the children's requests."""
-    stack = await LedgerStack.connect(settings, run_projector=True)
-    try:
+    async with running_stack(settings) as stack:
         yield stack
-    finally:
-        await close_stack(stack)
 
 
 @pytest.fixture
@@ -79,7 +76,7 @@ async def http_server(procs: Procs, name: str, settings: Settings, billing: Fake
     """Start `toolledger mcp serve --transport http` on a free port; its URL once it listens."""
     port = free_port()
     argv = serve_argv("--transport", "http", "--port", str(port))
-    proc = procs.start(name, argv, child_env(settings, billing.path))
+    proc = procs.start(name, argv, serve_env(settings, billing.path))
     await proc.wait_for(r"Uvicorn running on", timeout=START_TIMEOUT)
     return f"http://127.0.0.1:{port}/mcp"
 
@@ -99,7 +96,7 @@ async def test_over_stdio_a_resent_refund_is_made_once(
     params = StdioServerParameters(
         command=serve_argv()[0],
         args=serve_argv()[1:],
-        env=child_env(settings, billing.path),
+        env=serve_env(settings, billing.path),
         cwd=ROOT,
     )
     pid = None

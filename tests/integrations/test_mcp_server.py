@@ -32,6 +32,7 @@ from tests.integrations.mcp_support import (
     status,
     text,
 )
+from tests.isolated import Isolated
 from toolledger import Ledger
 from toolledger.integrations._common import decode_run_id
 from toolledger.integrations.mcp import LedgerMCPServer, call_tool_keyed
@@ -251,10 +252,8 @@ class TestOnMemory(McpScenarios):
 
 class TestOnKafkaPostgres(McpScenarios):
     @pytest.fixture
-    async def h(
-        self, tmp_path: Path, pg_dsn: str, pg_schema: str, kafka_bootstrap: str, topic_prefix: str
-    ) -> AsyncIterator[Harness]:
-        settings = stack_settings(pg_dsn, kafka_bootstrap, pg_schema, topic_prefix)
+    async def h(self, tmp_path: Path, isolated: Isolated) -> AsyncIterator[Harness]:
+        settings = stack_settings(isolated)
         stack = await LedgerStack.connect(settings, run_projector=True)
         async with harness(stack, settings, tmp_path / "billing.db") as h:
             yield h
