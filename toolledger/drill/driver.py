@@ -51,10 +51,6 @@ _REFRESH_ERRORS: tuple[type[BaseException], ...] = (*DATABASE_ERRORS, LedgerUnav
 
 log = logging.getLogger("toolledger.drill")
 
-#: How the work list's reads fail while PostgreSQL restarts: the driver's own reads, and the
-#: runtime port's (`resumable_runs`), which says it in the runtime's words.
-_REFRESH_ERRORS: tuple[type[BaseException], ...] = (*DATABASE_ERRORS, LedgerUnavailable)
-
 #: progress(finished runs, runs, runtime kills)
 Progress = Callable[[int, int, int], None]
 
