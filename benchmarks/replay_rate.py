@@ -88,7 +88,8 @@ async def replay_once(scratch: Scratch, backlog: Backlog, processes: int = 1) ->
 
 
 async def measure(scratch: Scratch, backlog: Backlog, *, repeat: int) -> list[Row]:
-    splits = [n or backlog.partitions for n in SPLITS]
+    # One entry per process count: with as many partitions as a fixed split, the two coincide.
+    splits = list(dict.fromkeys(n or backlog.partitions for n in SPLITS))
     consumed: list[float] = []
     alone: list[_Replay] = []
     split: dict[int, list[_Replay]] = {n: [] for n in splits}
