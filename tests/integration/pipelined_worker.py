@@ -76,17 +76,21 @@ async def _crash(ledger: Ledger, args: argparse.Namespace) -> None:
     tool = credit
     if args.at == "tool":
         tool, stall.marker = credit_then_stall, Path(args.ready)
+    outcome_acknowledged = asyncio.Event()
 
     async def frozen_append(event: Event, timeout: float) -> Position:
         if event.type in _OUTCOMES and args.at == "outcome":
             await _stop_here(args.ready, event.key)
-        return await append(event, timeout)
+        position = await append(event, timeout)
+        if event.type in _OUTCOMES:
+            outcome_acknowledged.set()
+        return position
 
     async def frozen_wait(
         event_id: uuid.UUID, timeout: float, expected: asyncio.Future[Verdict] | None = None
     ) -> Verdict:
         if args.at == "verdict":
-            await ledger.wait_background(30)  # the outcome has been acknowledged
+            await outcome_acknowledged.wait()
             await _stop_here(args.ready, "verdict")
         return await wait(event_id, timeout, expected)
 

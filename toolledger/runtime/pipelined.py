@@ -62,7 +62,6 @@ for any quarantine still on its way to the projector when a fresh read was made.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -173,19 +172,14 @@ async def call(
         raise
     traced.ran(ended)
     with traced.outcome_phase() as phase:
-        # Landing while the verdict is awaited; shielded inside, so it lands whatever happens
-        # to this caller.
-        landing = asyncio.ensure_future(protocol.record(who, reserved, ended))
-        try:
-            verdict = await protocol.await_verdict_after_running(reserved)
-        except BaseException:
-            landing.cancel()
-            raise
+        landing = protocol.recording(who, reserved, ended)  # lands while the verdict is awaited
+        verdict = await protocol.await_verdict_after_running(reserved)
         phase.verdict(verdict)
         ledger._runs.learn(verdict.run)
+        landed = await protocol.landed(who.key, landing)
         if verdict.accepted:
-            return await ledger._answer(tool, who, reserved, ended, await landing)
-    await asyncio.shield(landing)  # the refused reservation's outcome: evidence in its history
+            return await ledger._answer(tool, who, reserved, ended, landed)
+    # Refused: the outcome landed all the same, evidence in the key's history.
     return await _refused(ledger, tool, prepared, who, verdict, run_version)
 
 

@@ -243,8 +243,20 @@ class CallProtocol:
 
     async def record(self, who: CallIdentity, reserved: CallReserved, ended: Attempted) -> Landed:
         """Append how the tool ended until it lands, and return what landed."""
+        return await self.landed(who.key, self.recording(who, reserved, ended))
+
+    def recording(
+        self, who: CallIdentity, reserved: CallReserved, ended: Attempted
+    ) -> asyncio.Task[Landed]:
+        """Start appending how the tool ended, in the background until it lands, and return
+        the landing for `landed` (a caller with something else to await meanwhile: a pipelined
+        call awaits its reservation's verdict)."""
         event = outcome_event(envelope(who, self.clock()), reserved.reservation_id, ended)
-        landing = self._background.spawn(self._land(who, event), f"outcome of {who.key}")
+        return self._background.spawn(self._land(who, event), f"outcome of {who.key}")
+
+    async def landed(self, key: str, landing: asyncio.Task[Landed]) -> Landed:
+        """What `landing` landed, waiting as the policy says; shielded, so a caller that gives
+        up does not take the outcome of a tool that ran down with it."""
         if self.policy.outcome_wait is None:
             return await asyncio.shield(landing)
         try:
@@ -252,7 +264,7 @@ class CallProtocol:
                 return await asyncio.shield(landing)
         except TimeoutError:
             raise OutcomeVerdictPending(
-                f"the outcome of {who.key} ({event.type}) was not acknowledged by Kafka within "
+                f"the outcome of {key} was not acknowledged by Kafka within "
                 f"{seconds(self.policy.outcome_wait)}; it is being appended in the background "
                 "until it lands and will then be applied: read the call again later"
             ) from None
