@@ -88,7 +88,8 @@ async def replay_once(scratch: Scratch, backlog: Backlog, processes: int = 1) ->
 
 
 async def measure(scratch: Scratch, backlog: Backlog, *, repeat: int) -> list[Row]:
-    splits = [n or backlog.partitions for n in SPLITS]
+    # Distinct counts: with two partitions, "one per partition" is the 2 already there.
+    splits = sorted({n or backlog.partitions for n in SPLITS})
     consumed: list[float] = []
     alone: list[_Replay] = []
     split: dict[int, list[_Replay]] = {n: [] for n in splits}
