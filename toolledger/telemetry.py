@@ -1,6 +1,6 @@
 """The names toolledger's spans use, its tracer, and the trace context a reservation carries.
 
-Library code only speaks `opentelemetry-api` (STYLE.md item 8): without an SDK configured every
+Library code only speaks `opentelemetry-api` (docs/tracing.md): without an SDK configured every
 span here is the API's non-recording span and costs a context lookup; the entry points (the
 `toolledger` CLI, or the program embedding a `Ledger`) decide whether and where spans go.
 

@@ -1,7 +1,7 @@
 """Where the `toolledger` processes send their spans: the standard `OTEL_*` environment.
 
 The library only creates spans through `opentelemetry-api`; this entry point decides whether
-anything records them (STYLE.md item 8). It reads the variables every OpenTelemetry SDK reads, so
+anything records them (docs/tracing.md). It reads the variables every OpenTelemetry SDK reads, so
 a deployment configures toolledger like its other services:
 
 - `OTEL_TRACES_EXPORTER`: `none` (the default here: no SDK is loaded at all), `console` (one JSON
