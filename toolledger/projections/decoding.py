@@ -6,6 +6,11 @@ cannot judge, leaving the partition halted there. Two kinds of record stop it: o
 schema fingerprint ("deploy readers before writers"), and an operator event signed with a key id
 not in the verifier's public keys ("deploy keys before signers", docs/security.md). Folding
 around either would make the ledger depend on which version or keys a process happened to have.
+
+A hole halts it too. The events topic is neither compacted nor written with transactions, so
+its offsets are contiguous; the Kafka reader already waits out a record that is assigned but
+not yet readable (`toolledger.events.kafka.Contiguous`), so a hole that reaches the fold is
+one the broker will not fill, and folding past it would decide later events without it.
 """
 
 from __future__ import annotations
@@ -69,6 +74,13 @@ def _decode_records(
     for record in records:
         if record.offset < batch.next_offset:
             continue
+        if record.offset > batch.next_offset:
+            batch.halted = (
+                f"partition {partition} offset {batch.next_offset}: the log has no record there "
+                f"but has one at {record.offset}. The events topic must not be compacted or "
+                "written with transactions; the partition is halted before the hole"
+            )
+            break
         if record.is_epoch_marker:
             batch.next_offset = record.offset + 1
             continue
