@@ -14,7 +14,9 @@ part measured in the same run, interleaved with the measurement:
 - produce-to-consumer: from that acknowledgement to a reader that fetches in a loop with the
   projector's fetch wait holding the record (the broker part of the path a record takes to the
   projector; counting from the acknowledgement, not from the send, keeps the floor strict);
-- commit: one PostgreSQL round trip of a tiny INSERT in autocommit (its COMMIT flushes the WAL).
+- commit: one PostgreSQL round trip of a tiny INSERT in autocommit, committed the way the
+  projector commits its batches (without waiting for the WAL flush unless
+  `TOOLLEDGER_PROJECTOR_SYNCHRONOUS_COMMIT` is on; docs/architecture.md, "The projector").
 
 Samples are paced by a random pause of up to the fetch wait, so neither the floor nor the
 measurement falls into step with the reader's fetch cycle. Every reservation is of a new key and
@@ -130,8 +132,10 @@ async def _measure(
         scratch.services.kafka_bootstrap, f"{topics}floor", client_id="toolledger-bench"
     )
     await floor_log.start()
+    commit_mode = "on" if settings.projector_synchronous_commit else "off"
     conn = await asyncpg.connect(
-        scratch.services.database_url, server_settings={"search_path": f'"{schema}"'}
+        scratch.services.database_url,
+        server_settings={"search_path": f'"{schema}"', "synchronous_commit": commit_mode},
     )
     reader = floor_log.reader()
     receipts = _Receipts()

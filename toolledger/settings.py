@@ -75,6 +75,13 @@ class Settings(BaseSettings):
     batch_size: int = Field(
         default=2000, ge=1, le=100_000, description="Most events applied in one transaction."
     )
+    projector_synchronous_commit: bool = Field(
+        default=False,
+        description="Whether a projector's batch waits for PostgreSQL to flush it to disk before "
+        "its verdicts are announced. Off by default: the ledger is a projection of the log, and "
+        "a batch lost in a database crash rolls back with its offsets and is folded again, to the "
+        'same verdicts (docs/architecture.md, "Durability").',
+    )
     projector_ownership: Literal["standby", "share"] = Field(
         default="standby",
         description="`standby`: the first projector takes every partition, the others wait to "

@@ -143,7 +143,12 @@ class LedgerStack:
             await events.ensure_exists(settings.partitions)
             await facts.create_topic(settings.partitions)
             await dlq.create_topic(1)
-        store = PostgresLedger(database_url, settings.schema_name, verify_keys=verify_keys)
+        store = PostgresLedger(
+            database_url,
+            settings.schema_name,
+            verify_keys=verify_keys,
+            synchronous_apply=settings.projector_synchronous_commit,
+        )
         await store.start()
         if run_projector:
             await store.register_verify_keys()

@@ -220,11 +220,14 @@ class SmallBatch:
     )
     _RUN_ARRAYS = tuple(i for i, t in enumerate(RUN_TYPES.values()) if t.endswith("[]"))
 
-    def __init__(self) -> None:
+    def __init__(self, *, durable: bool = True) -> None:
         parts = [
             "WITH moved AS (UPDATE projection_offsets SET next_offset = $3 "
             "WHERE partition = $1 AND next_offset = $2 RETURNING partition)"
         ]
+        if not durable:
+            # Local to the statement's own (implicit) transaction, and read when it commits.
+            parts.append("relaxed AS (SELECT set_config('synchronous_commit', 'off', true))")
         param = 5
         first: dict[str, int] = {}
         for n, (table, types, conflict) in enumerate(self.TABLES):
@@ -242,6 +245,7 @@ class SmallBatch:
             ", ".join(parts)  # noqa: S608
             + " SELECT (SELECT count(*) FROM moved) AS moved, "
             + "(SELECT count(*) FROM announced) AS announced"
+            + ("" if durable else ", (SELECT count(*) FROM relaxed) AS relaxed")
         )
 
     def arguments(

@@ -234,6 +234,7 @@ CLOSE_TIMEOUT = 10.0
 #: larger ones (catch-up) take the transaction where COPY overlaps the fold.
 SMALL_BATCH = 64
 _SMALL = SmallBatch()
+_SMALL_RELAXED = SmallBatch(durable=False)
 #: Events folded between two chances for the appender to move its COPY forward.
 _SLICE = 32
 #: The fewest new verdicts worth a COPY before the end of the batch.
@@ -360,8 +361,11 @@ class PostgresLedger(LedgerStore):
         *,
         verify_keys: VerifyKeys | None = None,
         pool_size: int = 4,
+        synchronous_apply: bool = False,
     ) -> None:
         self._dsn = dsn
+        self._synchronous_apply = synchronous_apply
+        self._small = _SMALL if synchronous_apply else _SMALL_RELAXED
         self._schema = check_schema_name(schema)
         self.verify_keys = verify_keys or VerifyKeys()
         self._pool_size = pool_size
@@ -456,6 +460,8 @@ class PostgresLedger(LedgerStore):
             if len(items) <= SMALL_BATCH:
                 return await self._apply_small(conn, (partition, start_offset, next_offset), items)
             async with conn.transaction():
+                if not self._synchronous_apply:
+                    await conn.execute("SET LOCAL synchronous_commit TO off")
                 return await self._apply_large(conn, (partition, start_offset, next_offset), items)
 
     async def _apply_small(
@@ -476,9 +482,9 @@ class PostgresLedger(LedgerStore):
             list(map(_run_values, outcome.runs)),
             list(map(_dead_values, outcome.dead_letters)),
         )
-        args = _SMALL.arguments(position, self.notify_channel, rows)
+        args = self._small.arguments(position, self.notify_channel, rows)
         try:
-            moved = await conn.fetchval(_SMALL.statement, *args)
+            moved = await conn.fetchval(self._small.statement, *args)
         except asyncpg.LockNotAvailableError:
             raise OffsetConflict(partition, start_offset, None) from None
         if moved != 1:
