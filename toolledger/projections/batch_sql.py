@@ -154,11 +154,17 @@ LOAD = (
     "FROM unnest($2::text[]) AS wanted(run_id) CROSS JOIN LATERAL "
     "(SELECT * FROM runs AS t WHERE t.run_id = wanted.run_id LIMIT 1) AS r "
     f"UNION ALL SELECT 3, {_nulls(CALL_TYPES)}, {_nulls(RUN_TYPES)}, v.event_id, NULL "
-    "FROM unnest($3::uuid[]) AS wanted(event_id) JOIN verdicts AS v USING (event_id) "
+    "FROM unnest($3::uuid[]) AS wanted(event_id) CROSS JOIN LATERAL "
+    "(SELECT event_id FROM verdicts AS t WHERE t.event_id = wanted.event_id LIMIT 1) AS v "
     f"UNION ALL SELECT 4, wanted.key, {_nulls(dict(list(CALL_TYPES.items())[1:]))}, "
     f"{_nulls(RUN_TYPES)}, NULL, h.chain_hash FROM unnest($4::text[]) AS wanted(key) "
     "CROSS JOIN LATERAL (SELECT chain_hash FROM tool_execution_history AS t "
     'WHERE t.key = wanted.key ORDER BY partition DESC, "offset" DESC LIMIT 1) AS h'
+)
+#: The stored verdicts of the event_ids in $1, one primary-key probe each (as `LOAD`'s).
+VERDICTS_BY_ID = (
+    "SELECT v.verdict_json FROM unnest($1::uuid[]) AS wanted(event_id) CROSS JOIN LATERAL "
+    "(SELECT verdict_json FROM verdicts AS t WHERE t.event_id = wanted.event_id LIMIT 1) AS v"
 )
 _CALLS_AT = slice(1, 1 + len(CALL_TYPES))
 _RUNS_AT = slice(_CALLS_AT.stop, _CALLS_AT.stop + len(RUN_TYPES))

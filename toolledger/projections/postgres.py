@@ -51,6 +51,7 @@ from toolledger.projections.batch_sql import (
     LOAD,
     RUN_TYPES,
     VERDICT_TYPES,
+    VERDICTS_BY_ID,
     SmallBatch,
     loaded,
 )
@@ -111,9 +112,7 @@ _LIST_RUNS = _select(
     "WHERE status = ANY($1::text[]) AND ($2::text IS NULL OR tenant_id = $2) "
     "ORDER BY updated_at NULLS FIRST, run_id LIMIT $3",
 )
-_VERDICTS = (
-    "SELECT verdict_json FROM unnest($1::uuid[]) AS wanted(event_id) JOIN verdicts USING (event_id)"
-)
+_VERDICTS = VERDICTS_BY_ID
 # Changed calls are copied into a per-connection temporary table, then upserted in one statement:
 # COPY has no ON CONFLICT, and binary COPY encodes rows far faster than unnest() arrays.
 _BATCH_CALLS = "batch_tool_executions"

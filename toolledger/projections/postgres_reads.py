@@ -23,21 +23,21 @@ from typing import Any
 import asyncpg
 
 from toolledger.events.records import CallRecord, Verdict
-from toolledger.projections.batch_sql import CALL_TYPES
+from toolledger.projections.batch_sql import CALL_TYPES, VERDICTS_BY_ID
 from toolledger.projections.migrations import check_schema_name, quote_ident
 from toolledger.projections.reads import PointReads
 
 _COLUMNS = ", ".join(quote_ident(c) for c in CALL_TYPES)
 # Built from batch_sql's constant column names only, never from input (hence S608).
 _CALL = f"SELECT {_COLUMNS} FROM tool_executions WHERE key = $1"  # noqa: S608
-# Joins with the unnested arrays, not `= ANY($1)`, for the reason `batch_sql.LOAD` gives.
+# One primary-key probe per wanted key or event_id (a LATERAL subquery with LIMIT 1), for the
+# reason `batch_sql.LOAD` gives: a plain join with the unnested array was hashed against the
+# whole table on an unanalysed schema, which made every read cost more as the ledger grew.
 _CALLS = (
-    f"SELECT {_COLUMNS} FROM unnest($1::text[]) AS wanted(key) "  # noqa: S608
-    "JOIN tool_executions USING (key)"
+    f"SELECT c.* FROM unnest($1::text[]) AS wanted(key) CROSS JOIN LATERAL "  # noqa: S608
+    f"(SELECT {_COLUMNS} FROM tool_executions AS t WHERE t.key = wanted.key LIMIT 1) AS c"
 )
-_VERDICTS = (
-    "SELECT verdict_json FROM unnest($1::uuid[]) AS wanted(event_id) JOIN verdicts USING (event_id)"
-)
+_VERDICTS = VERDICTS_BY_ID
 
 
 class PostgresReads(PointReads):
