@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import pytest
 
+from benchmarks import ledger_growth
 from benchmarks.__main__ import _arguments, _run
 from toolledger.devstack import Services
 
@@ -53,3 +54,14 @@ async def test_every_benchmark_completes_a_tiny_run_with_its_self_checks(
     assert sum(1 for r in rows if r.benchmark == "catch-up") == 4, sorted(reported)
     assert any(r.benchmark.startswith("fast-path") for r in rows), sorted(reported)
     assert all(r.value > 0 for r in rows), [r for r in rows if r.value <= 0]
+
+
+async def test_the_ledger_growth_benchmark_completes_a_tiny_run_with_its_books(
+    dev_services: Services,
+) -> None:
+    """Two rounds into one ledger; its book check (every call completed once, two history
+    entries each) raises if the rounds did not do what they measured."""
+    rows = await ledger_growth.measure(dev_services, rounds=2, runs=3, calls=2)
+    [row] = rows
+    assert row.value > 0 and row.floor is not None and row.floor > 0
+    assert "2 rounds of 3 runs x 2 calls" in row.note
