@@ -98,3 +98,40 @@ async def test_a_small_batch_whose_cas_misses_writes_and_announces_nothing(
         assert heard == []
     finally:
         await listener.close()
+
+
+@pytest.mark.parametrize("size", [2, SMALL_BATCH + 10], ids=["small", "large"])
+async def test_a_batch_flushed_per_commit_folds_the_same_ledger(
+    pg_dsn: str, pg_schema: str, size: int
+) -> None:
+    """`TOOLLEDGER_PROJECTOR_SYNCHRONOUS_COMMIT=true` only changes when the commit returns:
+    both batch shapes write the reference fold's ledger, and the setting holds on the
+    connection only inside the batch's transaction (the pool's sessions keep the default)."""
+    store = PostgresLedger(pg_dsn, pg_schema, synchronous_apply=True)
+    await store.start()
+    try:
+        await store.bind_log(IDENTITY)
+        items = [
+            Positioned(0, n + 1, RunStarted(key=f"r{n}", run_id=f"r{n}", tenant_id="acme"))
+            for n in range(size)
+        ]
+        reference = LedgerFold()
+        expected = [v for v in map(reference.apply, items) if v is not None]
+        assert await store.apply_batch(0, 1, size + 1, items) == expected
+        assert await store.digest() == reference.digest()
+    finally:
+        await store.close()
+    relaxed = PostgresLedger(pg_dsn, pg_schema)
+    await relaxed.start()
+    try:
+        more = [
+            Positioned(0, size + 1 + n, RunStarted(key=f"s{n}", run_id=f"s{n}", tenant_id="acme"))
+            for n in range(size)
+        ]
+        expected = [v for v in map(reference.apply, more) if v is not None]
+        assert await relaxed.apply_batch(0, size + 1, 2 * size + 1, more) == expected
+        assert await relaxed.digest() == reference.digest()
+        # The pool's one connection folded the batch; what it writes next (blobs) is durable.
+        assert await relaxed._db.fetchval("SHOW synchronous_commit") == "on"
+    finally:
+        await relaxed.close()
