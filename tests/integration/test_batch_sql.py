@@ -10,13 +10,22 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import asyncpg
 import pytest
 
+from tests import builders as b
 from toolledger.events.fold import LedgerFold, Positioned
 from toolledger.events.log import LogIdentity
-from toolledger.events.models import CallReserved, RunCheckpointed, RunStarted, args_digest
+from toolledger.events.models import (
+    CallReserved,
+    Event,
+    RunCheckpointed,
+    RunStarted,
+    args_digest,
+)
+from toolledger.projections import postgres
 from toolledger.projections.batch_sql import array_literal
 from toolledger.projections.postgres import SMALL_BATCH, PostgresLedger
 from toolledger.projections.store import OffsetConflict
@@ -135,3 +144,100 @@ async def test_a_batch_flushed_per_commit_folds_the_same_ledger(
         assert await relaxed._db.fetchval("SHOW synchronous_commit") == "on"
     finally:
         await relaxed.close()
+
+
+class _CountedLoads:
+    """Counts the store's loads (the query before a fold) while it runs for real."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        real = postgres._load
+
+        async def counted(*args: Any) -> Any:
+            self.count += 1
+            return await real(*args)
+
+        monkeypatch.setattr(postgres, "_load", counted)
+
+
+def _positioned(start: int, *events: Event) -> list[Positioned]:
+    return [Positioned(0, start + n, e) for n, e in enumerate(events)]
+
+
+async def test_a_partitions_next_batches_are_written_without_loading_first(
+    ledger: PostgresLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a partition's first batch the store folds on what it wrote, so a call's
+    reservation and its completion each cost one statement, and the ledger is the reference
+    fold's: the known rows are the stored rows."""
+    loads = _CountedLoads(monkeypatch)
+    reference = LedgerFold()
+    offset = 1
+    for n in range(4):
+        r = b.reserved(f"run{n % 2}", f"c{n}")
+        for batch in (_positioned(offset, r), _positioned(offset + 1, b.completed(r), r)):
+            expected = [v for v in map(reference.apply, batch) if v is not None]
+            assert await ledger.apply_batch(0, offset, offset + len(batch), batch) == expected
+            offset += len(batch)
+    assert loads.count == 1, "only the partition's first batch loads what it reads"
+    assert await ledger.digest() == reference.digest()
+    assert await ledger.verdicts([r.event_id]) != {}
+
+
+async def test_rows_another_owner_wrote_are_loaded_not_assumed_absent(
+    ledger: PostgresLedger, pg_dsn: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A takeover: the partition's previous owner wrote a call and a run this store never saw.
+    Assuming them absent would reserve the key twice and fork the history chain; the write's
+    probes find them, nothing is written, and the batch is folded again after a load."""
+    reference = LedgerFold()
+    first = b.reserved("run1", "c1")
+    other = PostgresLedger(pg_dsn, pg_schema)
+    await other.start()
+    try:
+        batch = _positioned(1, first)
+        reference_verdicts = [v for v in map(reference.apply, batch) if v is not None]
+        assert await other.apply_batch(0, 1, 2, batch) == reference_verdicts
+    finally:
+        await other.close()
+    loads = _CountedLoads(monkeypatch)
+    unrelated = b.reserved("run2", "c1")
+    batch = _positioned(2, unrelated)
+    expected = [v for v in map(reference.apply, batch) if v is not None]
+    assert await ledger.apply_batch(0, 2, 3, batch) == expected
+    assert loads.count == 1
+    # run1 and its call were written by the other store: this one knows nothing of them.
+    again = b.reserved("run1", "c1")  # the same key, another reservation: must be rejected
+    done = b.completed(first)
+    batch = _positioned(3, again, done, first)  # `first` resent: already decided
+    expected = [v for v in map(reference.apply, batch) if v is not None]
+    assert [v.accepted for v in expected] == [False, True]
+    assert await ledger.apply_batch(0, 3, 6, batch) == expected
+    assert loads.count == 2, "the failed assumption made it load"
+    assert await ledger.digest() == reference.digest()
+    snapshot = await ledger.snapshot()
+    assert snapshot.history == reference.history
+
+
+async def test_a_failed_batch_forgets_what_the_store_knew(
+    ledger: PostgresLedger, pg_dsn: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A zombie: another store committed to the partition meanwhile. This store's next batch,
+    folded on what it knew, misses the CAS and writes nothing; after it nothing it knew is
+    trusted, so the batch after loads what it reads (and sees the other store's completion)."""
+    r = b.reserved("run1", "c1")
+    await ledger.apply_batch(0, 1, 2, _positioned(1, r))
+    other = PostgresLedger(pg_dsn, pg_schema)
+    await other.start()
+    try:
+        await other.apply_batch(0, 2, 3, _positioned(2, b.completed(r)))
+    finally:
+        await other.close()
+    loads = _CountedLoads(monkeypatch)
+    with pytest.raises(OffsetConflict):
+        await ledger.apply_batch(0, 2, 3, _positioned(2, b.completed(r)))
+    assert loads.count == 0, "the zombie's batch was folded on what it knew"
+    late = b.completed(r, result='{"late":true}')
+    [verdict] = await ledger.apply_batch(0, 3, 4, _positioned(3, late))
+    assert loads.count == 1
+    assert not verdict.accepted, "the completion the other store wrote is read, not forgotten"

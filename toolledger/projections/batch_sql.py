@@ -31,8 +31,10 @@ unnest, so they are sent as PostgreSQL array literals and cast back to `text[]` 
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import asyncpg
 
@@ -208,13 +210,38 @@ def array_literal(items: Sequence[str]) -> str:
     return "{" + ",".join(f'"{s}"' for s in quoted) + "}"
 
 
+@dataclass(frozen=True)
+class Assumed:
+    """What a batch was folded assuming absent from the ledger, unread: the statement that
+    writes it checks each (one index probe apiece) and writes nothing if one is there."""
+
+    #: (table, column, type) of each probe, in the order of the fields below.
+    PROBES: ClassVar[tuple[tuple[str, str, str], ...]] = (
+        ("tool_executions", "key", "text"),
+        ("runs", "run_id", "text"),
+        ("tool_execution_history", "key", "text"),
+        ("verdicts", "event_id", "uuid"),
+    )
+
+    calls: Sequence[str] = ()
+    runs: Sequence[str] = ()
+    histories: Sequence[str] = ()
+    verdicts: Sequence[uuid.UUID] = ()
+
+    def any(self) -> bool:
+        return bool(self.calls or self.runs or self.histories or self.verdicts)
+
+    def arrays(self) -> list[list[Any]]:
+        return [list(self.calls), list(self.runs), list(self.histories), list(self.verdicts)]
+
+
 class SmallBatch:
     """The one statement that writes a small batch, and its arguments.
 
     Parameters: $1 partition, $2 start offset, $3 next offset, $4 notify channel, then one
-    array per column of history, verdicts, calls, runs and dead letters (in that order). Each
-    verdict is announced, in log order (the order of its rows). It returns `moved`: 1 if the
-    CAS hit, else 0.
+    array per column of history, verdicts, calls, runs and dead letters (in that order), then
+    the four `Assumed` arrays. Each verdict is announced, in log order (the order of its rows).
+    It returns `moved`: 1 if the CAS hit and every assumption held, else 0 (nothing written).
     """
 
     TABLES: tuple[tuple[str, Mapping[str, str], str | None], ...] = (
@@ -227,19 +254,27 @@ class SmallBatch:
     _RUN_ARRAYS = tuple(i for i, t in enumerate(RUN_TYPES.values()) if t.endswith("[]"))
 
     def __init__(self, *, durable: bool = True) -> None:
+        param = 5
+        first: dict[str, int] = {}
+        writes = []
+        for n, (table, types, conflict) in enumerate(self.TABLES):
+            writes.append(f"write{n} AS ({_insert(table, types, param, conflict)})")
+            first[table] = param
+            param += len(types)
+        probes = " AND ".join(
+            f"NOT EXISTS (SELECT FROM unnest(${param + i}::{kind}[]) AS wanted(v) "  # noqa: S608
+            f"CROSS JOIN LATERAL (SELECT 1 FROM {table} AS t WHERE t.{column} = wanted.v "
+            "LIMIT 1) AS found)"
+            for i, (table, column, kind) in enumerate(Assumed.PROBES)
+        )
         parts = [
-            "WITH moved AS (UPDATE projection_offsets SET next_offset = $3 "
-            "WHERE partition = $1 AND next_offset = $2 RETURNING partition)"
+            "WITH moved AS (UPDATE projection_offsets SET next_offset = $3 "  # noqa: S608
+            f"WHERE partition = $1 AND next_offset = $2 AND {probes} RETURNING partition)"
         ]
         if not durable:
             # Local to the statement's own (implicit) transaction, and read when it commits.
             parts.append("relaxed AS (SELECT set_config('synchronous_commit', 'off', true))")
-        param = 5
-        first: dict[str, int] = {}
-        for n, (table, types, conflict) in enumerate(self.TABLES):
-            parts.append(f"write{n} AS ({_insert(table, types, param, conflict)})")
-            first[table] = param
-            param += len(types)
+        parts += writes
         ids = first["verdicts"] + list(VERDICT_TYPES).index("event_id")
         texts = first["verdicts"] + list(VERDICT_TYPES).index("verdict_json")
         parts.append(
@@ -259,9 +294,11 @@ class SmallBatch:
         position: tuple[int, int, int],
         channel: str,
         rows: tuple[Sequence[Sequence[Any]], ...],
+        assumed: Assumed | None = None,
     ) -> list[Any]:
         """Arguments for `statement`: `position` is (partition, start, next offset), `rows` the
-        history, verdict, call, run and dead-letter rows in `TABLES` order."""
+        history, verdict, call, run and dead-letter rows in `TABLES` order, `assumed` what the
+        fold took to be absent without reading it (nothing when it read everything)."""
         history, verdicts, calls, runs, dead = rows
         args: list[Any] = [*position, channel]
         for table_rows, (_, types, _) in zip(
@@ -273,7 +310,7 @@ class SmallBatch:
                 args += [list(column) for column in zip(*table_rows, strict=True)]
             else:
                 args += [[] for _ in types]
-        return args
+        return args + (assumed or Assumed()).arrays()
 
     def _run(self, row: Sequence[Any]) -> list[Any]:
         values = list(row)

@@ -1,10 +1,14 @@
 """The PostgreSQL ledger store: the projection production runs on.
 
 `apply_batch` is the projector's hot path. A small batch (a live projector's usual fetch; see
-`toolledger.projections.batch_sql`) takes two round trips: one query loads what the fold reads,
-and one statement writes rows, history, verdicts, dead letters, the offset compare-and-set and
-the notifications, writing nothing unless the CAS hits. A large batch (catch-up) is one
-transaction, in this order:
+`toolledger.projections.batch_sql`) takes one round trip: one statement writes rows, history,
+verdicts, dead letters, the offset compare-and-set and the notifications, writing nothing
+unless the CAS hits. What the fold reads comes from what this store last wrote to the partition
+(`_Known`: the owner of a partition is the only writer of its rows, and the CAS proves nobody
+else committed to it since); whatever it does not know it assumes absent, and the statement
+checks each assumption with an index probe and writes nothing if one fails, and the batch is
+then folded again after a query that loads what it reads (as the first batch after taking a
+partition is). A large batch (catch-up) is one transaction, in this order:
 
 1. The offset compare-and-set (`UPDATE projection_offsets ... WHERE next_offset = $start`) runs
    first and holds the partition's row lock to the end, so a zombie projector whose CAS misses
@@ -34,6 +38,7 @@ import logging
 import os
 import uuid
 from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
@@ -52,6 +57,7 @@ from toolledger.projections.batch_sql import (
     RUN_TYPES,
     VERDICT_TYPES,
     VERDICTS_BY_ID,
+    Assumed,
     SmallBatch,
     loaded,
 )
@@ -61,6 +67,7 @@ from toolledger.projections.migrations import check_schema_name, migrate, quote_
 from toolledger.projections.store import (
     AppliedBatch,
     BatchFold,
+    BatchOutcome,
     CallQuery,
     CallStats,
     LedgerSnapshot,
@@ -350,6 +357,87 @@ def _state(row: asyncpg.Record) -> PartitionState:
     )
 
 
+#: The most call, run, head and event_id entries `_Known` keeps per partition; past it, the
+#: next batch loads what it reads again and starts over.
+KNOWN_LIMIT = 200_000
+
+
+@dataclass
+class _Reads:
+    """What a small batch is folded on: stored rows it read or knew, and what it assumed."""
+
+    calls: dict[str, CallRecord]
+    runs: dict[str, RunRecord]
+    decided: set[uuid.UUID]
+    heads: dict[str, str]
+    assumed: Assumed = field(default_factory=Assumed)
+
+
+@dataclass
+class _Known:
+    """One partition's rows as this store wrote them, as of `next_offset`.
+
+    Only the owner of a partition writes its rows (every row of a run comes from the run's
+    partition), and a batch commits only if the stored offset is still the one it started
+    from, so as long as batches follow one another here (`next_offset` is the next batch's
+    start) nobody else changed these rows. A row it never saw (written before this process
+    took the partition, or since forgotten) is assumed absent and checked by the write.
+    `None` records a row known to be absent. Any error or conflict forgets the partition.
+    """
+
+    next_offset: int
+    calls: dict[str, CallRecord | None] = field(default_factory=dict)
+    runs: dict[str, RunRecord | None] = field(default_factory=dict)
+    heads: dict[str, str | None] = field(default_factory=dict)
+    decided: set[uuid.UUID] = field(default_factory=set)
+
+    def size(self) -> int:
+        return len(self.calls) + len(self.runs) + len(self.heads) + len(self.decided)
+
+    def reads(self, items: Sequence[Positioned | DeadLetter]) -> _Reads:
+        keys, run_ids, event_ids = batch_reads(items)
+        calls = {k: c for k in keys if (c := self.calls.get(k)) is not None}
+        runs = {r: run for r in run_ids if (run := self.runs.get(r)) is not None}
+        heads = {k: h for k in keys | run_ids if (h := self.heads.get(k)) is not None}
+        return _Reads(
+            calls,
+            runs,
+            event_ids & self.decided,
+            heads,
+            Assumed(
+                calls=sorted(keys - self.calls.keys()),
+                runs=sorted(run_ids - self.runs.keys()),
+                histories=sorted((keys | run_ids) - self.heads.keys()),
+                verdicts=sorted(event_ids - self.decided),
+            ),
+        )
+
+    def read_all(self, items: Sequence[Positioned | DeadLetter], reads: _Reads) -> None:
+        """`reads` was loaded for `items`: what it lacks is absent from the ledger."""
+        keys, run_ids, _ = batch_reads(items)
+        self.calls.update(dict.fromkeys(keys - reads.calls.keys()))
+        self.runs.update(dict.fromkeys(run_ids - reads.runs.keys()))
+        self.heads.update(dict.fromkeys((keys | run_ids) - reads.heads.keys()))
+
+    def learn(self, next_offset: int, reads: _Reads, outcome: BatchOutcome) -> None:
+        """What the batch read and wrote, which is now the ledger's state of those rows."""
+        for key in reads.assumed.calls:
+            self.calls.setdefault(key, None)
+        for run_id in reads.assumed.runs:
+            self.runs.setdefault(run_id, None)
+        for key in reads.assumed.histories:
+            self.heads.setdefault(key, None)
+        self.calls.update(reads.calls)
+        self.runs.update(reads.runs)
+        self.heads.update(reads.heads)
+        self.decided |= reads.decided
+        self.calls.update((c.key, c) for c in outcome.calls)
+        self.runs.update((r.run_id, r) for r in outcome.runs)
+        self.heads.update(outcome.heads)
+        self.decided.update(v.event_id for v in outcome.verdicts)
+        self.next_offset = next_offset
+
+
 class PostgresLedger(LedgerStore):
     """The ledger in one PostgreSQL schema, behind a connection pool."""
 
@@ -365,6 +453,7 @@ class PostgresLedger(LedgerStore):
         self._dsn = dsn
         self._synchronous_apply = synchronous_apply
         self._small = _SMALL if synchronous_apply else _SMALL_RELAXED
+        self._known: dict[int, _Known] = {}
         self._schema = check_schema_name(schema)
         self.verify_keys = verify_keys or VerifyKeys()
         self._pool_size = pool_size
@@ -457,7 +546,14 @@ class PostgresLedger(LedgerStore):
     ) -> AppliedBatch:
         async with self._db.acquire() as conn:
             if len(items) <= SMALL_BATCH:
-                return await self._apply_small(conn, (partition, start_offset, next_offset), items)
+                try:
+                    return await self._apply_small(
+                        conn, (partition, start_offset, next_offset), items
+                    )
+                except BaseException:
+                    self._known.pop(partition, None)  # whatever happened, read it again
+                    raise
+            self._known.pop(partition, None)
             async with conn.transaction():
                 if not self._synchronous_apply:
                     await conn.execute("SET LOCAL synchronous_commit TO off")
@@ -466,9 +562,49 @@ class PostgresLedger(LedgerStore):
     async def _apply_small(
         self, conn: Conn, position: tuple[int, int, int], items: Sequence[Positioned | DeadLetter]
     ) -> AppliedBatch:
-        """Load, fold, then one statement that writes only if its compare-and-set hits."""
+        """Fold on what this store knows of the partition and write in one statement; if it
+        knew nothing (a partition just taken) or an assumption failed, load, then fold again."""
+        partition, start_offset, next_offset = position
+        known = self._known.pop(partition, None)
+        if known is not None and known.next_offset == start_offset:
+            reads = known.reads(items)
+            applied = await self._write_small(conn, position, items, reads)
+            if applied is not None:
+                self._remember(partition, next_offset, known, reads, applied)
+                return applied[0]
+            log.info("partition %d: a row assumed absent is in the ledger; loading", partition)
+        reads = _Reads(*await _load(conn, items))
+        applied = await self._write_small(conn, position, items, reads)
+        if applied is None:  # it assumed nothing, so only the CAS can have missed
+            raise OffsetConflict(partition, start_offset, await conn.fetchval(_OFFSET, partition))
+        loaded = _Known(next_offset)
+        loaded.read_all(items, reads)
+        self._remember(partition, next_offset, loaded, reads, applied)
+        return applied[0]
+
+    def _remember(
+        self,
+        partition: int,
+        next_offset: int,
+        known: _Known,
+        reads: _Reads,
+        applied: tuple[AppliedBatch, BatchOutcome],
+    ) -> None:
+        known.learn(next_offset, reads, applied[1])
+        if known.size() <= KNOWN_LIMIT:
+            self._known[partition] = known
+
+    async def _write_small(
+        self,
+        conn: Conn,
+        position: tuple[int, int, int],
+        items: Sequence[Positioned | DeadLetter],
+        reads: _Reads,
+    ) -> tuple[AppliedBatch, BatchOutcome] | None:
+        """Fold `items` on `reads` and write them in one statement; None if an assumption of
+        `reads` failed (nothing written), `OffsetConflict` if the CAS missed."""
         partition, start_offset, _ = position
-        calls, runs, decided, heads = await _load(conn, items)
+        calls, runs, decided, heads = reads.calls, reads.runs, reads.decided, reads.heads
         batch = BatchFold(calls, runs, decided, self.verify_keys, heads)
         for item in items:
             batch.apply(item)
@@ -481,14 +617,17 @@ class PostgresLedger(LedgerStore):
             list(map(_run_values, outcome.runs)),
             list(map(_dead_values, outcome.dead_letters)),
         )
-        args = self._small.arguments(position, self.notify_channel, rows)
+        args = self._small.arguments(position, self.notify_channel, rows, reads.assumed)
         try:
             moved = await conn.fetchval(self._small.statement, *args)
         except asyncpg.LockNotAvailableError:
             raise OffsetConflict(partition, start_offset, None) from None
-        if moved != 1:
-            raise OffsetConflict(partition, start_offset, await conn.fetchval(_OFFSET, partition))
-        return AppliedBatch(outcome.verdicts, outcome.history, texts)
+        if moved == 1:
+            return AppliedBatch(outcome.verdicts, outcome.history, texts), outcome
+        stored = await conn.fetchval(_OFFSET, partition)
+        if stored == start_offset and reads.assumed.any():
+            return None
+        raise OffsetConflict(partition, start_offset, stored)
 
     async def _apply_large(
         self, conn: Conn, position: tuple[int, int, int], items: Sequence[Positioned | DeadLetter]
