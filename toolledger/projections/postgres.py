@@ -358,8 +358,10 @@ def _state(row: asyncpg.Record) -> PartitionState:
 
 
 #: The most call, run, head and event_id entries `_Known` keeps per partition; past it, the
-#: next batch loads what it reads again and starts over.
-KNOWN_LIMIT = 200_000
+#: next batch loads what it reads again and starts over. A call record can hold an inline result
+#: of up to `TOOLLEDGER_PAYLOAD_INLINE_BYTES`, so this bounds memory, at the price of one load
+#: per few thousand calls of a partition.
+KNOWN_LIMIT = 10_000
 
 
 @dataclass
