@@ -241,3 +241,21 @@ async def test_a_failed_batch_forgets_what_the_store_knew(
     [verdict] = await ledger.apply_batch(0, 3, 4, _positioned(3, late))
     assert loads.count == 1
     assert not verdict.accepted, "the completion the other store wrote is read, not forgotten"
+
+
+async def test_a_partition_known_past_the_limit_is_loaded_again(
+    ledger: PostgresLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a store knows is bounded (`KNOWN_LIMIT` entries per partition): past it the next
+    batch loads what it reads, and the ledger is still the reference fold's."""
+    monkeypatch.setattr(postgres, "KNOWN_LIMIT", 8)
+    loads = _CountedLoads(monkeypatch)
+    reference = LedgerFold()
+    offset = 1
+    for n in range(3):  # each batch adds a call, a run, two heads and an event_id: 5 entries
+        batch = _positioned(offset, b.reserved(f"run{n}", "c1"))
+        expected = [v for v in map(reference.apply, batch) if v is not None]
+        assert await ledger.apply_batch(0, offset, offset + 1, batch) == expected
+        offset += 1
+    assert loads.count == 2, "the first batch, and the one after the limit was passed"
+    assert await ledger.digest() == reference.digest()
