@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import os
 import shutil
+import signal
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -63,10 +64,19 @@ hypothesis.settings.load_profile("toolledger")
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Remove the caller's other `TOOLLEDGER_*` variables before anything is collected."""
+    """Remove the caller's other `TOOLLEDGER_*` variables before anything is collected, and
+    make SIGTERM stop the run the way Ctrl-C does."""
     for name in list(os.environ):
         if name.startswith("TOOLLEDGER_") and name not in _CALLER_ENV:
             _clean_env.delenv(name)
+    signal.signal(signal.SIGTERM, _interrupted)
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    """SIGTERM's default ends pytest on the spot: no fixture is torn down, so the processes
+    tests started (projectors, workers, brokers) outlive it and keep polling. As a
+    KeyboardInterrupt, pytest stops, and every fixture stops what it started by pid."""
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
