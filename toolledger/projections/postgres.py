@@ -574,7 +574,7 @@ class PostgresLedger(LedgerStore):
             if applied is not None:
                 self._remember(partition, next_offset, known, reads, applied)
                 return applied[0]
-            log.info("partition %d: a row assumed absent is in the ledger; loading", partition)
+            log.debug("partition %d: a row assumed absent is in the ledger; loading", partition)
         reads = _Reads(*await _load(conn, items))
         applied = await self._write_small(conn, position, items, reads)
         if applied is None:  # it assumed nothing, so only the CAS can have missed
