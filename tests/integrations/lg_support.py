@@ -8,6 +8,7 @@ saved when the model node finishes, before the tools node runs), without their p
 
 from __future__ import annotations
 
+import os
 import pickle
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,9 @@ class FileSaver(InMemorySaver):
 
     def _save(self) -> None:
         storage = {t: {n: dict(c) for n, c in ns.items()} for t, ns in self.storage.items()}
-        tmp = self.path.with_suffix(".tmp")
+        # One temporary file per process: two processes resuming one thread save at once, and
+        # with a shared name one's rename took the other's file away (FileNotFoundError in CI).
+        tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_bytes(pickle.dumps((storage, dict(self.writes), dict(self.blobs))))
         tmp.replace(self.path)
 
