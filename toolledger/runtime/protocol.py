@@ -247,16 +247,19 @@ class CallProtocol:
 
     def recording(
         self, who: CallIdentity, reserved: CallReserved, ended: Attempted
-    ) -> asyncio.Task[Landed]:
+    ) -> asyncio.Future[Landed]:
         """Start appending how the tool ended, in the background until it lands, and return
         the landing for `landed` (a caller with something else to await meanwhile: a pipelined
-        call awaits its reservation's verdict)."""
+        call awaits its reservation's verdict). The append starts at once (an embedded log's
+        is done before this returns); what is left of it goes on in a task."""
         event = outcome_event(envelope(who, self.clock()), reserved.reservation_id, ended)
-        return self._background.spawn(self._land(who, event), f"outcome of {who.key}")
+        return self._background.start(self._land(who, event), f"outcome of {who.key}")
 
-    async def landed(self, key: str, landing: asyncio.Task[Landed]) -> Landed:
+    async def landed(self, key: str, landing: asyncio.Future[Landed]) -> Landed:
         """What `landing` landed, waiting as the policy says; shielded, so a caller that gives
         up does not take the outcome of a tool that ran down with it."""
+        if landing.done():
+            return landing.result()
         if self.policy.outcome_wait is None:
             return await asyncio.shield(landing)
         try:

@@ -21,11 +21,12 @@ tool has run, kept apart from their control flow:
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Generator
 from typing import Any, TypeVar
 
 from toolledger.events.models import CallCompleted, CallFailed, CallIndeterminate
@@ -83,9 +84,38 @@ class BackgroundAppends:
 
     def spawn(self, work: Coroutine[Any, Any, T], name: str) -> asyncio.Task[T]:
         task = asyncio.get_running_loop().create_task(work, name=f"toolledger: {name}")
+        self._keep(task)
+        return task
+
+    def start(self, work: Coroutine[Any, Any, T], name: str) -> asyncio.Future[T]:
+        """`spawn`, but run `work` at once up to its first suspension, as Python 3.12's eager
+        tasks do: work that never suspends (an append to the embedded log) is done on return,
+        with no task and no turn of the event loop; work that suspends goes on in a task like
+        `spawn`'s. Either way it runs in a context of its own and a cancelled caller cannot
+        cancel it (no await of the caller's lies between its start and its first suspension).
+        """
+        loop = asyncio.get_running_loop()
+        context = contextvars.copy_context()
+        future: asyncio.Future[T]
+        try:
+            first = context.run(work.send, None)
+        except StopIteration as done:
+            future = loop.create_future()
+            future.set_result(done.value)
+            return future
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:
+            future = loop.create_future()
+            future.set_exception(exc)
+            return future
+        task = loop.create_task(_resumed(work, first), name=f"toolledger: {name}", context=context)
+        self._keep(task)
+        return task
+
+    def _keep(self, task: asyncio.Task[Any]) -> None:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        return task
 
     def __len__(self) -> int:
         return len(self._tasks)
@@ -110,6 +140,36 @@ class BackgroundAppends:
             )
             task.cancel()
         await asyncio.gather(*late, return_exceptions=True)
+
+
+class _Resumed:
+    """Awaiting it goes on with a coroutine already started, from where it suspended: it hands
+    the task what the coroutine suspended on, then whatever the task sends or throws back."""
+
+    def __init__(self, work: Coroutine[Any, Any, Any], first: Any) -> None:
+        self._work = work
+        self._first = first
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        work, waiting = self._work, self._first
+        while True:
+            try:
+                sent = yield waiting
+            except BaseException as exc:  # what the task throws in (a cancellation) goes on
+                try:
+                    waiting = work.throw(exc)
+                except StopIteration as done:
+                    return done.value
+            else:
+                try:
+                    waiting = work.send(sent)
+                except StopIteration as done:
+                    return done.value
+
+
+async def _resumed(work: Coroutine[Any, Any, T], first: Any) -> T:
+    result: T = await _Resumed(work, first)
+    return result
 
 
 class OwnWrites:
