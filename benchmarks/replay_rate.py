@@ -8,6 +8,10 @@ Each repetition replays twice more, split across worker processes (`toolledger r
 --processes N`, `replay_in_processes`) with 2 workers and then with one per partition, and
 checks that both print the one-process digest. A split replay's time includes starting its
 workers; its CPU per event counts theirs (reaped children) with this process's.
+
+Then the same without a schema, what `toolledger replay --verify` does without `--into`: the
+fold in memory, in this process and split across 2 workers (`replay_in_memory`), nothing
+written, the digest checked against the one-process digest into PostgreSQL.
 """
 
 from __future__ import annotations
@@ -17,15 +21,18 @@ import time
 from dataclasses import dataclass
 
 from benchmarks._backlog import Backlog
-from benchmarks._support import Row, Scratch, median, say
+from benchmarks._support import BENCH_KEY, Row, Scratch, median, say
 from benchmarks.catch_up import raw_consume
 from toolledger.events.kafka import KafkaLog
+from toolledger.projections.memory import MemoryLedger
 from toolledger.projections.postgres import PostgresLedger
 from toolledger.projections.replay import ReplayReport, replay
-from toolledger.projections.replay_processes import replay_in_processes
+from toolledger.projections.replay_processes import replay_in_memory, replay_in_processes
 
 #: The worker counts of the split replays, besides one process (0: one per partition).
 SPLITS = (2, 0)
+#: The process counts of the replays in memory.
+IN_MEMORY = (1, 2)
 
 
 @dataclass(frozen=True)
@@ -87,11 +94,37 @@ async def replay_once(scratch: Scratch, backlog: Backlog, processes: int = 1) ->
     )
 
 
+async def replay_in_memory_once(scratch: Scratch, backlog: Backlog, processes: int) -> _Replay:
+    """One replay of the backlog in memory, in this process or split across workers."""
+    log = KafkaLog(scratch.services.kafka_bootstrap, backlog.topic, client_id="toolledger-bench")
+    await log.start()
+    keys = BENCH_KEY.verify_keys()
+    try:
+        started, cpu = time.perf_counter(), _cpu()
+        if processes == 1:
+            report = await replay(log, MemoryLedger(verify_keys=keys), targets=backlog.targets)
+        else:
+            report = await replay_in_memory(
+                log,
+                verify_keys=keys,
+                targets=backlog.targets,
+                processes=processes,
+                bootstrap=scratch.services.kafka_bootstrap,
+            )
+        elapsed, cpu = time.perf_counter() - started, _cpu() - cpu
+    finally:
+        await log.close()
+    if report.events != backlog.events:
+        raise RuntimeError(f"replay in memory folded {report.events} events of {backlog.events}")
+    return _Replay(report.events / elapsed, None, cpu / report.events, report.replay_digest)
+
+
 async def measure(scratch: Scratch, backlog: Backlog, *, repeat: int) -> list[Row]:
     splits = list(dict.fromkeys(n or backlog.partitions for n in SPLITS))
     consumed: list[float] = []
     alone: list[_Replay] = []
     split: dict[int, list[_Replay]] = {n: [] for n in splits}
+    memory: dict[int, list[_Replay]] = {n: [] for n in IN_MEMORY}
     for n in range(repeat):
         consumed.append(await raw_consume(scratch, backlog))
         alone.append(await replay_once(scratch, backlog))
@@ -109,6 +142,17 @@ async def measure(scratch: Scratch, backlog: Backlog, *, repeat: int) -> list[Ro
             line += (
                 f", {processes} processes {split[processes][-1].rate:,.0f}/s "
                 f"({split[processes][-1].cpu_per_event * 1e6:.0f} us)"
+            )
+        for processes in IN_MEMORY:
+            memory[processes].append(await replay_in_memory_once(scratch, backlog, processes))
+            if memory[processes][-1].digest != alone[-1].digest:
+                raise RuntimeError(
+                    f"the replay in memory in {processes} processes printed digest "
+                    f"{memory[processes][-1].digest}, into PostgreSQL {alone[-1].digest}"
+                )
+            line += (
+                f"; in memory, {processes} process(es) {memory[processes][-1].rate:,.0f}/s "
+                f"({memory[processes][-1].cpu_per_event * 1e6:.0f} us)"
             )
         say(line)
     floor = median(consumed)
@@ -136,6 +180,20 @@ async def measure(scratch: Scratch, backlog: Backlog, *, repeat: int) -> list[Ro
                 ">= 25,000 ev/s",
                 f"split across {processes} worker processes, the one-process digest checked; "
                 f"{speedup:.2f}x one process (median of per-repetition ratios); {cpu(replays)}",
+            )
+        )
+    for processes, replays in memory.items():
+        rows.append(
+            Row(
+                "replay",
+                f"in memory, {processes} process{'es' if processes > 1 else ''}",
+                median([r.rate for r in replays]),
+                "ev/s",
+                floor,
+                "raw consume",
+                ">= 25,000 ev/s",
+                "`toolledger replay --verify` without `--into`: folded in memory, nothing "
+                f"written, the digest into PostgreSQL checked; {cpu(replays)}",
             )
         )
     return rows

@@ -45,6 +45,8 @@ async def test_every_benchmark_completes_a_tiny_run_with_its_self_checks(
         ("verdict latency (in-process)", "p50"),
         ("verdict latency (process)", "p50"),
         ("replay", "replay + digest"),
+        ("replay", "in memory, 1 process"),
+        ("replay", "in memory, 2 processes"),
         ("call overhead (external, no-op)", "p50"),
         ("throughput (4 runs)", "calls/s"),
         ("throughput (4 runs)", "no facts (diag.)"),

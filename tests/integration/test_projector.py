@@ -210,8 +210,8 @@ async def test_replay_from_offset_zero_rebuilds_the_same_ledger_and_verify_catch
     isolated: Isolated, pg_dsn: str, pg_schema: str
 ) -> None:
     """Dropping the projection and replaying the log must give the same ledger (rows,
-    history, digest), in one process or split across two; and `replay --verify` must notice a
-    record changed by hand."""
+    history, digest), in one process or split across two, into a schema or in memory; and
+    `replay --verify` must notice a record changed by hand, either way."""
     settings = _settings(isolated)
     stack = await LedgerStack.connect(settings, run_projector=True)
     try:
@@ -233,6 +233,12 @@ async def test_replay_from_offset_zero_rebuilds_the_same_ledger_and_verify_catch
     assert "identical" in split.stdout
     assert f"digest {live_digest[:16]}" in ok.stdout
     assert f"digest {live_digest[:16]}" in split.stdout
+    for processes in ("1", "2"):
+        in_memory = _cli(settings, "replay", "--verify", "--processes", processes)
+        assert in_memory.returncode == 0, in_memory.stdout + in_memory.stderr
+        assert "into memory" in in_memory.stdout and "identical" in in_memory.stdout
+        assert f"digest {live_digest[:16]}" in in_memory.stdout
+        assert "(1 dead letters)" in in_memory.stdout
     copy = PostgresLedger(pg_dsn, replica)
     await copy.start()
     try:
@@ -250,6 +256,13 @@ async def test_replay_from_offset_zero_rebuilds_the_same_ledger_and_verify_catch
         bad = _cli(settings, "replay", "--into", f"{pg_schema}_r2", "--verify")
         assert bad.returncode == 1, bad.stdout + bad.stderr
         assert "run-1:c1" in bad.stdout and "status" in bad.stdout
+        bad_in_memory = _cli(settings, "replay", "--verify")
+        assert bad_in_memory.returncode == 1, bad_in_memory.stdout + bad_in_memory.stderr
+        assert "run-1:c1" in bad_in_memory.stdout and "status" in bad_in_memory.stdout
+        bad_split = _cli(settings, "replay", "--verify", "--processes", "2")
+        assert bad_split.returncode == 1, bad_split.stdout + bad_split.stderr
+        assert "differs from the live ledger" in bad_split.stdout
+        assert f"digest {live_digest[:16]}" in bad_split.stdout
     finally:
         for schema in (replica, f"{pg_schema}_r2", f"{pg_schema}_r3"):
             await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')

@@ -22,10 +22,11 @@ from toolledger.cli.entry import ExitStatus
 from toolledger.events.fold import HistoryEntry, broken_chains
 from toolledger.events.kafka import KafkaLog
 from toolledger.events.signing import VerifyKeys
+from toolledger.projections.memory import MemoryLedger
 from toolledger.projections.postgres import PostgresLedger
 from toolledger.projections.replay import ReplayReport, compare, copy_blobs, replay
-from toolledger.projections.replay_processes import replay_in_processes
-from toolledger.projections.store import CallQuery
+from toolledger.projections.replay_processes import replay_in_memory, replay_in_processes
+from toolledger.projections.store import CallQuery, LedgerStore
 from toolledger.settings import ProjectorSettings, Settings, load_settings
 
 _console = entry.console()
@@ -144,7 +145,12 @@ def dead_letters_list() -> None:
 
 
 @click.command("replay")
-@click.option("--into", "into", required=True, help="A new, empty PostgreSQL schema to fold into.")
+@click.option(
+    "--into",
+    "into",
+    help="A new, empty PostgreSQL schema to fold into. Without it the fold is in memory and "
+    "nothing is written: for checking the digest (--verify), not for serving the ledger.",
+)
 @click.option(
     "--verify", is_flag=True, help="Compare with the live ledger; exit 1 on any difference."
 )
@@ -156,8 +162,10 @@ def dead_letters_list() -> None:
     help="Worker processes to fold the partitions (at most one per partition); the digest is "
     "the same whatever the number.",
 )
-def replay_command(into: str, verify: bool, processes: int) -> None:
-    """Re-fold toolledger.events from offset 0 into a fresh schema (and compare with --verify)."""
+def replay_command(into: str | None, verify: bool, processes: int) -> None:
+    """Re-fold toolledger.events from offset 0 into a fresh schema or in memory (and compare
+    with --verify)."""
+    where = into or "memory"
 
     async def body(settings: ProjectorSettings) -> ReplayReport:
         keys = settings.require_verify_keys()
@@ -169,8 +177,9 @@ def replay_command(into: str, verify: bool, processes: int) -> None:
         log = KafkaLog(bootstrap, settings.events_topic)
         await log.start()
         live = await _store(settings)
-        fresh = await _store(settings, into)
+        fresh: LedgerStore | None = None
         try:
+            fresh = await _store(settings, into) if into else MemoryLedger(verify_keys=keys)
             registered = await live.registered_keys()
             if registered != keys:
                 _console.print(
@@ -190,14 +199,14 @@ def replay_command(into: str, verify: bool, processes: int) -> None:
                 TimeElapsedColumn(),
                 console=_console,
             ) as bar:
-                task = bar.add_task(f"replaying into {into}", total=None)
+                task = bar.add_task(f"replaying into {where}", total=None)
 
                 def advance(done: int, total: int) -> None:
                     bar.update(task, advance=done, total=total)
 
                 if processes == 1:
                     report = await replay(log, fresh, targets=targets, progress=advance)
-                else:
+                elif isinstance(fresh, PostgresLedger):
                     report = await replay_in_processes(
                         log,
                         fresh,
@@ -207,21 +216,39 @@ def replay_command(into: str, verify: bool, processes: int) -> None:
                         bootstrap=bootstrap,
                         progress=advance,
                     )
-            blob_problems = await copy_blobs(live, fresh)
+                else:
+                    fresh = None  # each worker folded into a memory ledger of its own
+                    report = await replay_in_memory(
+                        log,
+                        verify_keys=keys,
+                        targets=targets,
+                        processes=processes,
+                        bootstrap=bootstrap,
+                        progress=advance,
+                    )
+            blob_problems = await copy_blobs(live, fresh) if into and fresh else []
             if verify:
                 report.live_digest = await live.digest()
                 if not report.identical:
-                    report.differences = compare(await live.snapshot(), await fresh.snapshot())
+                    report.differences = (
+                        compare(await live.snapshot(), await fresh.snapshot())
+                        if fresh is not None
+                        else [
+                            "the rows that differ are listed by a replay in one process "
+                            "(--processes 1) or into a schema (--into)"
+                        ]
+                    )
                 report.differences += blob_problems
             return report
         finally:
-            await fresh.close()
+            if fresh is not None:
+                await fresh.close()
             await live.close()
             await log.close()
 
     report = _run(body)
     _console.print(
-        f"replayed {report.events} events ({report.dead_letters} dead letters) into {into}; "
+        f"replayed {report.events} events ({report.dead_letters} dead letters) into {where}; "
         f"digest {report.replay_digest[:16]}"
     )
     if not verify:

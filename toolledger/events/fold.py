@@ -210,15 +210,43 @@ def ledger_digest(
     history: Iterable[HistoryEntry],
     dead_letters: int,
 ) -> str:
-    """SHA-256 over the canonical JSON of the ledger, in a store-independent order."""
+    """SHA-256 over the canonical JSON of the ledger, in a store-independent order: every call
+    in key order, then every run in run_id order, then the history in log order. A replay split
+    across processes hashes the same lines (`call_line`, `run_line`, `history_line`), made in
+    several places, in the same order."""
     h = hashlib.sha256()
     for call in sorted(calls, key=lambda c: c.key):
-        h.update(canonical_json(call.ledger_form()).encode())
-    h.update(b"|runs|")
+        h.update(call_line(call).encode())
+    h.update(RUNS_MARK)
     for run in sorted(runs, key=lambda r: r.run_id):
-        h.update(canonical_json(run.ledger_form()).encode())
-    h.update(b"|history|")
+        h.update(run_line(run).encode())
+    h.update(HISTORY_MARK)
     for entry in sorted(history, key=lambda e: (e.partition, e.offset)):
-        h.update(canonical_json(entry.model_dump(mode="json")).encode())
-    h.update(f"|dead_letters|{dead_letters}".encode())
+        h.update(history_line(entry).encode())
+    h.update(dead_letters_mark(dead_letters))
     return h.hexdigest()
+
+
+#: What `ledger_digest` hashes between the calls and the runs, and between the runs and history.
+RUNS_MARK = b"|runs|"
+HISTORY_MARK = b"|history|"
+
+
+def dead_letters_mark(dead_letters: int) -> bytes:
+    """What `ledger_digest` hashes last."""
+    return f"|dead_letters|{dead_letters}".encode()
+
+
+def call_line(call: CallRecord) -> str:
+    """A call as `ledger_digest` hashes it."""
+    return canonical_json(call.ledger_form())
+
+
+def run_line(run: RunRecord) -> str:
+    """A run as `ledger_digest` hashes it."""
+    return canonical_json(run.ledger_form())
+
+
+def history_line(entry: HistoryEntry) -> str:
+    """A history entry as `ledger_digest` hashes it."""
+    return canonical_json(entry.model_dump(mode="json"))

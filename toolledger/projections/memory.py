@@ -22,6 +22,7 @@ from toolledger.events.log import LogIdentity
 from toolledger.events.records import CallRecord, RunRecord, Verdict
 from toolledger.events.signing import VerifyKeys, check_key_set
 from toolledger.projections.facts import Fact
+from toolledger.projections.gc_pause import gc_paused
 from toolledger.projections.store import (
     AppliedBatch,
     CallQuery,
@@ -177,7 +178,9 @@ class MemoryLedger(LedgerStore):
         )
 
     async def digest(self) -> str:
-        return self._fold.digest()
+        # As a snapshot is: its lines are made before collection resumes (`gc_pause`).
+        with gc_paused():
+            return self._fold.digest()
 
     async def facts_since(self, partition: int, offset: int, limit: int) -> list[Fact]:
         fold = self._fold
