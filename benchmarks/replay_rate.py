@@ -27,7 +27,11 @@ from toolledger.events.kafka import KafkaLog
 from toolledger.projections.memory import MemoryLedger
 from toolledger.projections.postgres import PostgresLedger
 from toolledger.projections.replay import ReplayReport, replay
-from toolledger.projections.replay_processes import replay_in_memory, replay_in_processes
+from toolledger.projections.replay_processes import (
+    replay_in_memory,
+    replay_in_processes,
+    replay_into_memory,
+)
 
 #: The worker counts of the split replays, besides one process (0: one per partition).
 SPLITS = (2, 0)
@@ -102,7 +106,8 @@ async def replay_in_memory_once(scratch: Scratch, backlog: Backlog, processes: i
     try:
         started, cpu = time.perf_counter(), _cpu()
         if processes == 1:
-            report = await replay(log, MemoryLedger(verify_keys=keys), targets=backlog.targets)
+            store = MemoryLedger(verify_keys=keys)
+            report = await replay_into_memory(log, store, targets=backlog.targets)
         else:
             report = await replay_in_memory(
                 log,

@@ -25,7 +25,11 @@ from toolledger.events.signing import VerifyKeys
 from toolledger.projections.memory import MemoryLedger
 from toolledger.projections.postgres import PostgresLedger
 from toolledger.projections.replay import ReplayReport, compare, copy_blobs, replay
-from toolledger.projections.replay_processes import replay_in_memory, replay_in_processes
+from toolledger.projections.replay_processes import (
+    replay_in_memory,
+    replay_in_processes,
+    replay_into_memory,
+)
 from toolledger.projections.store import CallQuery, LedgerStore
 from toolledger.settings import ProjectorSettings, Settings, load_settings
 
@@ -204,7 +208,9 @@ def replay_command(into: str | None, verify: bool, processes: int) -> None:
                 def advance(done: int, total: int) -> None:
                     bar.update(task, advance=done, total=total)
 
-                if processes == 1:
+                if processes == 1 and isinstance(fresh, MemoryLedger):
+                    report = await replay_into_memory(log, fresh, targets=targets, progress=advance)
+                elif processes == 1:
                     report = await replay(log, fresh, targets=targets, progress=advance)
                 elif isinstance(fresh, PostgresLedger):
                     report = await replay_in_processes(
