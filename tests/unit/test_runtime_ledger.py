@@ -195,6 +195,28 @@ async def test_an_outcome_after_the_deadline_awaits_its_verdict(ledger: Ledger) 
     assert outcome.record is not None and outcome.record.status == "completed"
 
 
+async def test_a_read_right_after_a_call_returned_sees_how_it_ended(ledger: Ledger) -> None:
+    """The call returns on the log's acknowledgement, before the projector folded its outcome
+    (the embedded log acknowledges without a turn of the event loop); `read_call` must not
+    answer `started` for a call this process just finished."""
+    outcome = await call(ledger, send)
+    assert outcome.record is None, "the outcome returned on acknowledgement"
+    record = await ledger.read_call("r1:c1")
+    assert record is not None and record.status == "completed", record
+
+
+async def test_a_read_of_an_unfolded_own_outcome_gives_up_after_the_verdict_timeout(
+    ledger: Ledger,
+) -> None:
+    """With the projector stopped the verdict never comes: the read answers the stored
+    `started` after the verdict timeout (0.5 s here) instead of hanging."""
+    await call(ledger, stops_the_projector)
+    started = time.monotonic()
+    record = await ledger.read_call("r1:c1")
+    assert record is not None and record.status == "started"
+    assert 0.4 < time.monotonic() - started < 5
+
+
 async def test_a_replay_right_after_an_acknowledged_outcome_is_not_in_progress(
     ledger: Ledger,
 ) -> None:

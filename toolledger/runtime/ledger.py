@@ -183,8 +183,26 @@ class Ledger:
         return self.protocol.policy.verdict_timeout
 
     async def read_call(self, key: str) -> CallRecord | None:
-        """The key's record; `LedgerUnavailable` (nothing ran) if the store cannot be read."""
-        return await self.port.read_call(key)
+        """The key's record; `LedgerUnavailable` (nothing ran) if the store cannot be read.
+
+        It reads this process's own writes: a `started` record whose outcome (or abandon) this
+        process appended, returned on Kafka's acknowledgement before the projector folded it,
+        is answered by that event's verdict, waited for up to the verdict timeout (then the
+        record as stored). So a read right after `call` returned sees how the call ended.
+        """
+        record = await self.port.read_call(key)
+        if record is None or record.status != "started":
+            return record
+        own = self.protocol.own_writes
+        event_id = own.get(key, record.reservation_id)
+        if event_id is None:
+            return record
+        try:
+            verdict = await self.port.await_verdict(event_id, self.protocol.policy.verdict_timeout)
+        except LedgerUnavailable:
+            return record  # not folded yet: the stored truth is `started`
+        own.forget(key)
+        return verdict.call or record
 
     async def read_run(self, run_id: str) -> RunRecord | None:
         """The run's record; `LedgerUnavailable` if the store cannot be read."""
