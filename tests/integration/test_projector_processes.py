@@ -129,7 +129,21 @@ class Scene:
         async def check() -> bool:
             return len(await self.verdicts_of(event_ids)) == len(event_ids)
 
-        await until(check, timeout=timeout, what=f"verdicts for all {len(event_ids)} events")
+        try:
+            await until(check, timeout=timeout, what=f"verdicts for all {len(event_ids)} events")
+        except AssertionError as timed_out:
+            # Say where the projectors were, so a timeout seen once in CI can be explained.
+            missing = len(event_ids) - len(await self.verdicts_of(event_ids))
+            offsets = await self.db.fetch("SELECT partition, next_offset FROM projection_offsets")
+            tails = "".join(
+                f"\n--- {proc.name} (pid {proc.pid}, exit {proc.returncode}), last lines:\n"
+                + "\n".join(proc.output().splitlines()[-25:])
+                for proc in self.procs.started
+            )
+            raise AssertionError(
+                f"{timed_out}; {missing} without a verdict; offsets "
+                f"{sorted((r['partition'], r['next_offset']) for r in offsets)}{tails}"
+            ) from None
 
     async def assert_exactly_once(self, event_ids: Sequence[uuid.UUID]) -> None:
         """Each appended event_id has one history row and one verdict, and all were accepted
