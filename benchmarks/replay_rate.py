@@ -124,6 +124,16 @@ async def replay_in_memory_once(scratch: Scratch, backlog: Backlog, processes: i
     return _Replay(report.events / elapsed, None, cpu / report.events, report.replay_digest)
 
 
+def _checked(replay: _Replay, alone: _Replay, how: str) -> str:
+    """`replay`'s rate and CPU for the progress line, once its digest is the one-process one."""
+    if replay.digest != alone.digest:
+        raise RuntimeError(
+            f"the replay {how} printed digest {replay.digest}, one process into PostgreSQL "
+            f"{alone.digest}"
+        )
+    return f"{replay.rate:,.0f}/s ({replay.cpu_per_event * 1e6:.0f} us)"
+
+
 async def measure(scratch: Scratch, backlog: Backlog, *, repeat: int) -> list[Row]:
     splits = list(dict.fromkeys(n or backlog.partitions for n in SPLITS))
     consumed: list[float] = []
@@ -139,25 +149,13 @@ async def measure(scratch: Scratch, backlog: Backlog, *, repeat: int) -> list[Ro
         )
         for processes in splits:
             split[processes].append(await replay_once(scratch, backlog, processes))
-            if split[processes][-1].digest != alone[-1].digest:
-                raise RuntimeError(
-                    f"the replay split across {processes} processes printed digest "
-                    f"{split[processes][-1].digest}, one process {alone[-1].digest}"
-                )
-            line += (
-                f", {processes} processes {split[processes][-1].rate:,.0f}/s "
-                f"({split[processes][-1].cpu_per_event * 1e6:.0f} us)"
+            line += f", {processes} processes " + _checked(
+                split[processes][-1], alone[-1], f"split across {processes} processes"
             )
         for processes in IN_MEMORY:
             memory[processes].append(await replay_in_memory_once(scratch, backlog, processes))
-            if memory[processes][-1].digest != alone[-1].digest:
-                raise RuntimeError(
-                    f"the replay in memory in {processes} processes printed digest "
-                    f"{memory[processes][-1].digest}, into PostgreSQL {alone[-1].digest}"
-                )
-            line += (
-                f"; in memory, {processes} process(es) {memory[processes][-1].rate:,.0f}/s "
-                f"({memory[processes][-1].cpu_per_event * 1e6:.0f} us)"
+            line += f"; in memory, {processes} process(es) " + _checked(
+                memory[processes][-1], alone[-1], f"in memory in {processes} processes"
             )
         say(line)
     floor = median(consumed)
