@@ -191,18 +191,9 @@ class Ledger:
         record as stored). So a read right after `call` returned sees how the call ended.
         """
         record = await self.port.read_call(key)
-        if record is None or record.status != "started":
-            return record
-        own = self.protocol.own_writes
-        event_id = own.get(key, record.reservation_id)
-        if event_id is None:
-            return record
-        try:
-            verdict = await self.port.await_verdict(event_id, self.protocol.policy.verdict_timeout)
-        except LedgerUnavailable:
-            return record  # not folded yet: the stored truth is `started`
-        own.forget(key)
-        return verdict.call or record
+        if record is None:
+            return None
+        return await self._own_write(record, within=self.protocol.policy.verdict_timeout)
 
     async def read_run(self, run_id: str) -> RunRecord | None:
         """The run's record; `LedgerUnavailable` if the store cannot be read."""
@@ -392,15 +383,22 @@ class Ledger:
             raise unsettled_error(tool.name, truth)
         return outcome
 
-    async def _own_write(self, record: CallRecord) -> CallRecord:
+    async def _own_write(self, record: CallRecord, within: float | None = None) -> CallRecord:
         """Read-your-writes: a `started` record this process already appended an outcome or an
         abandon for (returned on acknowledgement, or landing in the background) is answered by
-        that event's verdict."""
+        that event's verdict: awaited as an outcome's is, or for at most `within` seconds, after
+        which the record is answered as it was read."""
         own = self.protocol.own_writes
         event_id = own.get(record.key, record.reservation_id)
         if event_id is None or record.status != "started":
             return record
-        verdict = await self.protocol.await_outcome_verdict(record.key, event_id)
+        if within is None:
+            verdict = await self.protocol.await_outcome_verdict(record.key, event_id)
+        else:
+            try:
+                verdict = await self.port.await_verdict(event_id, within)
+            except LedgerUnavailable:
+                return record  # not folded yet: the stored truth is `started`
         own.forget(record.key)
         return verdict.call or record
 
