@@ -12,6 +12,7 @@ call was shown, so a test can check that no error text reached the model.
 from __future__ import annotations
 
 import json
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -73,7 +74,13 @@ class Driver(ABC):
     def _save(self, thread: str, value: Any) -> None:
         self.saved[thread] = value
         if self.store is not None:
-            (self.store / f"{self.framework}-{thread}.json").write_text(json.dumps(value))
+            # Written whole and renamed into place: two processes resuming one thread save while
+            # the other may be reading, and an in-place write let a reader see an empty file
+            # (JSONDecodeError in a fresh-clone run). One temporary name per process.
+            path = self.store / f"{self.framework}-{thread}.json"
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(value))
+            tmp.replace(path)
 
     def _load(self, thread: str) -> Any:
         if thread in self.saved:
