@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from enum import IntEnum
 
-__all__ = ["ExitStatus", "ToolLedgerError"]
+__all__ = ["ExitStatus", "ToolLedgerError", "seconds"]
 
 
 class ToolLedgerError(Exception):
@@ -39,3 +39,8 @@ class ExitStatus(IntEnum):
     UNAVAILABLE = 3
     LOG_MISMATCH = 4
     STOPPED = 143
+
+
+def seconds(value: float) -> str:
+    """A duration for a message: `10s`, `2.5s`, never `9.99734s`."""
+    return f"{value:.0f}s" if value >= 10 else f"{value:.2g}s"

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+import uuid
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from typing import Any
 
 import pytest
@@ -35,14 +36,16 @@ from toolledger.api.compensation import RuntimeCompensator
 from toolledger.api.errors import Unavailable
 from toolledger.events.codec import decode
 from toolledger.events.log import LogError, Position
-from toolledger.events.models import CallIndeterminate, call_key
-from toolledger.events.records import CallRecord
+from toolledger.events.models import CallIndeterminate, Event, call_key
+from toolledger.events.payloads import PayloadLimits
+from toolledger.events.records import CallRecord, RunRecord, Verdict
 from toolledger.projections.ownership import MemoryPartitionLocks
 from toolledger.projections.projector import Projector
 from toolledger.runtime.executor import CallIdentity
+from toolledger.runtime.port import CallQuery, RuntimePort
 from toolledger.runtime.protocol import CallProtocol, OutcomeVerdictPending, WaitPolicy
 from toolledger.runtime.runs import ModelTurn
-from toolledger.stack import LedgerStack
+from toolledger.wiring.stack import LedgerStack
 
 box = Toolset("proto")
 voided: list[str] = []
@@ -153,9 +156,10 @@ async def charged(ledger: Ledger, tool: Any, run_id: str = "r1") -> CallRecord:
 
 def test_a_wait_policy_refuses_a_wait_that_is_not_positive() -> None:
     """A zero timeout would refuse every call at once; a zero resend pause would spin."""
-    for bad in ({"verdict_timeout": 0}, {"resend_every": -1}, {"outcome_wait": 0}):
+    bads: list[dict[str, float]] = [{"verdict_timeout": 0}, {"resend_every": -1}]
+    for bad in [*bads, {"outcome_wait": 0}]:
         with pytest.raises(ValueError, match="must be positive"):
-            WaitPolicy(**bad)
+            WaitPolicy(**bad)  # type: ignore[arg-type]
     assert WaitPolicy.runtime(3).outcome_wait is None
     assert WaitPolicy.request(3).outcome_wait == 3
 
@@ -243,34 +247,89 @@ async def test_the_reservation_steps_compose_into_a_flow_that_runs_before_the_ve
     assert outcome.call.status == "completed" and outcome.call.result_json == '"charged 7"'
 
 
-class _Unreachable:
-    """Stands in for `Ledger.stack`: any use of it by runtime code fails the test."""
+class _Forwarding(RuntimePort):
+    """Another adapter of the runtime port: forwards to `inner` and notes what it was asked.
+    It stands on no stack, so a runtime path that reached past the port would fail."""
 
-    def __getattr__(self, name: str) -> Any:
-        raise AssertionError(f"runtime code reached ledger.stack.{name} instead of the port")
+    def __init__(self, inner: RuntimePort) -> None:
+        self.inner = inner
+        self.asked: list[str] = []
+
+    @property
+    def limits(self) -> PayloadLimits:
+        return self.inner.limits
+
+    async def read_call(self, key: str) -> CallRecord | None:
+        self.asked.append("read_call")
+        return await self.inner.read_call(key)
+
+    async def read_run(self, run_id: str) -> RunRecord | None:
+        self.asked.append("read_run")
+        return await self.inner.read_run(run_id)
+
+    async def list_calls(self, query: CallQuery) -> list[CallRecord]:
+        self.asked.append("list_calls")
+        return await self.inner.list_calls(query)
+
+    async def list_runs(
+        self, statuses: Collection[str], *, tenant_id: str | None = None
+    ) -> list[RunRecord]:
+        self.asked.append("list_runs")
+        return await self.inner.list_runs(statuses, tenant_id=tenant_id)
+
+    async def restored_call(self, record: CallRecord) -> CallRecord:
+        return await self.inner.restored_call(record)
+
+    async def append(self, event: Event, timeout: float) -> None:
+        self.asked.append("append")
+        await self.inner.append(event, timeout)
+
+    async def append_until_landed(self, event: Event, *, each: float, pause: float) -> None:
+        self.asked.append("append_until_landed")
+        await self.inner.append_until_landed(event, each=each, pause=pause)
+
+    async def append_and_await(self, event: Event, timeout: float) -> Verdict:
+        self.asked.append("append_and_await")
+        return await self.inner.append_and_await(event, timeout)
+
+    async def await_verdict(self, event_id: uuid.UUID, timeout: float) -> Verdict:
+        self.asked.append("await_verdict")
+        return await self.inner.await_verdict(event_id, timeout)
+
+    def watch_verdict(self, event_id: uuid.UUID) -> None:
+        self.inner.watch_verdict(event_id)
+
+    def unwatch_verdict(self, event_id: uuid.UUID) -> None:
+        self.inner.unwatch_verdict(event_id)
 
 
 async def test_an_agent_run_and_its_calls_need_nothing_but_the_runtime_port(
-    ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+    ledger: Ledger,
 ) -> None:
-    """`Ledger.stack` is kept for tests and the drill; a run driven start to end, its twin
-    lookup, its checkpoints and a resume of the finished run must all go through the port."""
+    """`Ledger` takes any port: a run driven start to end, its twin lookup, its checkpoints and
+    a resume of the finished run, on an adapter with no stack under it, must all go through
+    that port (a path that reached for `ledger.stack` fails here)."""
 
     async def model(transcript: list[dict[str, Any]]) -> ModelTurn:
         if any(message.get("role") == "tool" for message in transcript):
             return FinalAnswer("charged")
         return [ToolCallRequest("c1", charge.name, {"amount": 3})]
 
-    monkeypatch.setattr(ledger, "stack", _Unreachable())
+    port = _Forwarding(ledger.port)
+    on_port = Ledger(port, verdict_timeout=ledger.verdict_timeout)
+    with pytest.raises(AttributeError, match="has no stack"):
+        on_port.stack  # noqa: B018 (the property is what is tested)
     agent = AgentConfig(name="cashier")
-    run = AgentRun(ledger, run_id="r9", tenant_id="acme", agent=agent, tools=box, model=model)
+    run = AgentRun(on_port, run_id="r9", tenant_id="acme", agent=agent, tools=box, model=model)
     result = await run.start("charge 3")
     assert result.status == "completed" and result.answer == "charged"
     assert [m["content"] for m in result.transcript if m.get("role") == "tool"] == ['"charged 3"']
-    again = AgentRun(ledger, run_id="r9", tenant_id="acme", agent=agent, tools=box, model=model)
+    again = AgentRun(on_port, run_id="r9", tenant_id="acme", agent=agent, tools=box, model=model)
     assert (await again.resume()).status == "completed"
-    record = await ledger.read_call("r9:c1")
+    record = await on_port.read_call("r9:c1")
     assert record is not None and record.result_json == '"charged 3"'
+    assert {"read_call", "read_run", "append_and_await", "append_until_landed"} <= set(port.asked)
+    await on_port.close()
 
 
 async def find_the_charge_as_its_outcome_lands(

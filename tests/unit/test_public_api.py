@@ -10,7 +10,7 @@ import sys
 import toolledger
 from toolledger.api.errors import Conflict, InvalidRequest, Misconfigured, NotFound, Unavailable
 from toolledger.devstack import DevStackError
-from toolledger.projections.verdicts import LedgerUnavailable
+from toolledger.runtime.port import LedgerUnavailable
 
 FROZEN = [
     "AgentConfig",

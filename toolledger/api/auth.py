@@ -18,7 +18,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from toolledger.api.service import Operator, OperatorService
 from toolledger.api.tokens import Role, TokenRecord, TokenRejected, TokenStore, role_allows
 from toolledger.errors import ToolLedgerError
-from toolledger.stack import LedgerStack
+from toolledger.wiring.stack import LedgerStack
 
 _bearer = HTTPBearer(
     auto_error=False,

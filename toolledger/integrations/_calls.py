@@ -40,7 +40,6 @@ from toolledger.integrations._common import (
     rejected_text,
     result_text,
 )
-from toolledger.projections.store import CallQuery
 from toolledger.runtime.errors import (
     KeyConflictError,
     ToolArgumentsError,
@@ -49,6 +48,7 @@ from toolledger.runtime.errors import (
     ToolCallInProgress,
 )
 from toolledger.runtime.ledger import Ledger
+from toolledger.runtime.port import CallQuery
 from toolledger.runtime.tools import Tool
 
 AnswerStatus = Literal["completed", "failed", "indeterminate", "compensated"]

@@ -19,7 +19,7 @@ from datetime import datetime
 
 from toolledger.errors import ToolLedgerError
 from toolledger.events.records import CallRecord
-from toolledger.projections.verdicts import LedgerUnavailable
+from toolledger.runtime.port import LedgerUnavailable
 
 __all__ = [
     "KeyConflictError",

@@ -38,7 +38,6 @@ from toolledger.events.models import (
     call_key,
 )
 from toolledger.events.records import UNSETTLED, CallRecord, RunRecord
-from toolledger.projections.store import CallQuery
 from toolledger.runtime.agents import AgentConfig
 from toolledger.runtime.errors import (
     KeyConflictError,
@@ -49,6 +48,7 @@ from toolledger.runtime.errors import (
     ToolCallInProgress,
 )
 from toolledger.runtime.ledger import Ledger
+from toolledger.runtime.port import CallQuery
 from toolledger.runtime.tools import Tool, Toolset
 
 Message = dict[str, Any]
