@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
-from collections.abc import AsyncIterator, Callable, Collection, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import pytest
 
+from tests.forwarding_port import Forwarding
 from tests.integration.procs import until
 from toolledger import (
     AgentConfig,
@@ -36,13 +36,11 @@ from toolledger.api.compensation import RuntimeCompensator
 from toolledger.api.errors import Unavailable
 from toolledger.events.codec import decode
 from toolledger.events.log import LogError, Position
-from toolledger.events.models import CallIndeterminate, Event, call_key
-from toolledger.events.payloads import PayloadLimits
-from toolledger.events.records import CallRecord, RunRecord, Verdict
+from toolledger.events.models import CallIndeterminate, call_key
+from toolledger.events.records import CallRecord
 from toolledger.projections.ownership import MemoryPartitionLocks
 from toolledger.projections.projector import Projector
 from toolledger.runtime.executor import CallIdentity
-from toolledger.runtime.port import CallQuery, RuntimePort
 from toolledger.runtime.protocol import CallProtocol, OutcomeVerdictPending, WaitPolicy
 from toolledger.runtime.runs import ModelTurn
 from toolledger.wiring.stack import LedgerStack
@@ -247,62 +245,6 @@ async def test_the_reservation_steps_compose_into_a_flow_that_runs_before_the_ve
     assert outcome.call.status == "completed" and outcome.call.result_json == '"charged 7"'
 
 
-class _Forwarding(RuntimePort):
-    """Another adapter of the runtime port: forwards to `inner` and notes what it was asked.
-    It stands on no stack, so a runtime path that reached past the port would fail."""
-
-    def __init__(self, inner: RuntimePort) -> None:
-        self.inner = inner
-        self.asked: list[str] = []
-
-    @property
-    def limits(self) -> PayloadLimits:
-        return self.inner.limits
-
-    async def read_call(self, key: str) -> CallRecord | None:
-        self.asked.append("read_call")
-        return await self.inner.read_call(key)
-
-    async def read_run(self, run_id: str) -> RunRecord | None:
-        self.asked.append("read_run")
-        return await self.inner.read_run(run_id)
-
-    async def list_calls(self, query: CallQuery) -> list[CallRecord]:
-        self.asked.append("list_calls")
-        return await self.inner.list_calls(query)
-
-    async def list_runs(
-        self, statuses: Collection[str], *, tenant_id: str | None = None
-    ) -> list[RunRecord]:
-        self.asked.append("list_runs")
-        return await self.inner.list_runs(statuses, tenant_id=tenant_id)
-
-    async def restored_call(self, record: CallRecord) -> CallRecord:
-        return await self.inner.restored_call(record)
-
-    async def append(self, event: Event, timeout: float) -> None:
-        self.asked.append("append")
-        await self.inner.append(event, timeout)
-
-    async def append_until_landed(self, event: Event, *, each: float, pause: float) -> None:
-        self.asked.append("append_until_landed")
-        await self.inner.append_until_landed(event, each=each, pause=pause)
-
-    async def append_and_await(self, event: Event, timeout: float) -> Verdict:
-        self.asked.append("append_and_await")
-        return await self.inner.append_and_await(event, timeout)
-
-    async def await_verdict(self, event_id: uuid.UUID, timeout: float) -> Verdict:
-        self.asked.append("await_verdict")
-        return await self.inner.await_verdict(event_id, timeout)
-
-    def watch_verdict(self, event_id: uuid.UUID) -> None:
-        self.inner.watch_verdict(event_id)
-
-    def unwatch_verdict(self, event_id: uuid.UUID) -> None:
-        self.inner.unwatch_verdict(event_id)
-
-
 async def test_an_agent_run_and_its_calls_need_nothing_but_the_runtime_port(
     ledger: Ledger,
 ) -> None:
@@ -315,7 +257,7 @@ async def test_an_agent_run_and_its_calls_need_nothing_but_the_runtime_port(
             return FinalAnswer("charged")
         return [ToolCallRequest("c1", charge.name, {"amount": 3})]
 
-    port = _Forwarding(ledger.port)
+    port = Forwarding(ledger.port)
     on_port = Ledger(port, verdict_timeout=ledger.verdict_timeout)
     with pytest.raises(AttributeError, match="has no stack"):
         on_port.stack  # noqa: B018 (the property is what is tested)

@@ -28,9 +28,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from toolledger.runtime.agents import ToolPolicy
-from toolledger.runtime.errors import call_label, resolve_command
-from toolledger.runtime.tools import Tool
+from toolledger.runtime import Tool, ToolPolicy, call_label, resolve_command
 
 #: What OpenAI's and Anthropic's APIs accept as a function name.
 SAFE_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
