@@ -28,6 +28,8 @@ from toolledger.integrations._common import (
 )
 from toolledger.runtime import Heard, HeardStatus, Hold, Ledger, Tool, call_identity, decide
 
+__all__ = ["Answer", "AnswerStatus", "Pause", "answer_json", "make_call"]
+
 AnswerStatus = HeardStatus
 
 

@@ -35,6 +35,17 @@ from toolledger.integrations._calls import Answer, Pause
 from toolledger.integrations._common import indeterminate_text
 from toolledger.runtime import resolve_command
 
+__all__ = [
+    "answered",
+    "api_path",
+    "awaiting_approval",
+    "held",
+    "indeterminate",
+    "paused",
+    "refused",
+    "result",
+]
+
 ResultStatus = Literal[
     "completed",
     "failed",

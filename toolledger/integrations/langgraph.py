@@ -39,6 +39,9 @@ from toolledger.integrations._calls import Answer, answer_json, make_call
 from toolledger.integrations._common import AdapterOptions, ToolNames, call_key_for
 from toolledger.runtime import Ledger, Tool
 
+__all__ = ["THREAD_ID_SOURCE", "LangGraphTools"]
+
+
 try:
     from langchain_core.messages import ToolMessage
     from langchain_core.tools import BaseTool, StructuredTool

@@ -48,6 +48,9 @@ from toolledger.integrations._common import (
 )
 from toolledger.runtime import CallRecord, Ledger, Tool
 
+__all__ = ["RUN_ID_SOURCE", "OpenAIAgentsTools", "PausedRun"]
+
+
 try:
     from agents import Agent, FunctionTool, RunContextWrapper, RunResult, RunState
     from agents import Tool as AgentTool

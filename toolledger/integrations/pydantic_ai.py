@@ -47,6 +47,9 @@ from toolledger.integrations._common import (
 )
 from toolledger.runtime import Ledger, Tool
 
+__all__ = ["CONVERSATION_SOURCE", "LedgerToolset"]
+
+
 try:
     from pydantic_ai import RunContext
     from pydantic_ai.exceptions import ApprovalRequired, CallDeferred, ToolFailed

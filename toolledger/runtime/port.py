@@ -14,8 +14,9 @@ one place instead of at every call site:
 
 Waiting is not decided here: every method is bounded by the `timeout` it is given, and the
 policies (how long, whether to try again) are the call protocol's `WaitPolicy`.
-`CallQuery` (what `list_calls` asks) and `LedgerUnavailable` (what every method raises when the
-ledger cannot answer) are the port's own types, so they live here, with no storage under them.
+`CallQuery` (what `list_calls` asks) is the port's own type, so it lives here, with no storage
+under it; so is `LedgerUnavailable` (what every method raises when the ledger cannot answer),
+defined with the other errors in `toolledger.errors` and exported here.
 The adapters are chosen by the wiring (`toolledger.wiring`): `StackPort` over a memory or a
 Kafka and PostgreSQL stack.
 """
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, TypedDict
 
-from toolledger.errors import ToolLedgerError
+from toolledger.errors import LedgerUnavailable
 from toolledger.events.models import Event
 from toolledger.events.payloads import PayloadLimits
 from toolledger.events.records import CallRecord, CallStatus, RunRecord, Verdict
@@ -38,15 +39,6 @@ if TYPE_CHECKING:
     from toolledger.runtime.executor import CallIdentity
 
 __all__ = ["CallQuery", "Envelope", "LedgerUnavailable", "RuntimePort", "envelope"]
-
-
-class LedgerUnavailable(ToolLedgerError):
-    """No verdict came in time: Kafka, the projector or PostgreSQL is down or behind.
-
-    Raised before a tool runs, it means the call was not attempted.
-    """
-
-    code = "ledger_unavailable"
 
 
 @dataclass(frozen=True)
