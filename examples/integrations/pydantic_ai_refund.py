@@ -37,7 +37,7 @@ def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
 
 
 async def main() -> None:
-    async with embedded_ledger() as (ledger, api):
+    async with embedded_ledger() as (ledger, olivia):
         toolset = LedgerToolset(ledger, penny, tenant_id=TENANT)
         agent = Agent(
             FunctionModel(model), toolsets=[toolset], output_type=[str, DeferredToolRequests]
@@ -46,7 +46,7 @@ async def main() -> None:
         assert isinstance(result.output, DeferredToolRequests)
         paused = result.output.metadata["call_1"]
         print(f"paused: {paused['key']} {paused['toolledger']} (the model heard nothing)")
-        await operator_settles(api, paused["key"])
+        await operator_settles(olivia, paused["key"])
         results = await toolset.deferred_results(result.output)
         result = await agent.run(
             message_history=result.all_messages(), deferred_tool_results=results

@@ -1,5 +1,5 @@
 """Each framework example runs as documented: the unknown refund pauses the run, an operator
-resolves it over the API, the resumed run tells the customer, and one payout is made."""
+resolves it (`testing.Operator`), the resumed run tells the customer, and one payout is made."""
 
 from __future__ import annotations
 
@@ -30,6 +30,6 @@ def test_the_example_pauses_is_settled_and_pays_once(example: str) -> None:
     assert shown.returncode == 0, shown.stdout + shown.stderr
     lines = shown.stdout.splitlines()
     assert lines[0] == "paused: order-7:call_1 awaiting_reconciliation (the model heard nothing)"
-    assert lines[1] == "operator: POST .../order-7:call_1/resolve -> 200"
+    assert lines[1] == "operator: resolved order-7:call_1 -> completed"
     assert lines[2].startswith("penny: Your refund went through:") and "po_1" in lines[2]
     assert lines[3] == "payouts made: 1"

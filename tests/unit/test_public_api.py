@@ -103,7 +103,7 @@ def test_errors_raised_about_a_call_share_one_base() -> None:
 #: The other documented places (README, `toolledger/__init__.py`): module -> its frozen `__all__`.
 DOCUMENTED_MODULES = {
     "toolledger.api": ["create_app"],
-    "toolledger.testing": ["assert_tool_contract", "fake_tool_context"],
+    "toolledger.testing": ["Operator", "assert_tool_contract", "fake_tool_context"],
     "toolledger.subscribe": ["Fact", "FactFilter", "requests", "subscribe", "subscribe_group"],
 }
 
