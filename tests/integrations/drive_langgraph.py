@@ -96,5 +96,10 @@ def _step(out: dict[str, Any]) -> Step:
     interrupts = out.get("__interrupt__") or []
     if interrupts:
         values = [i.value for i in interrupts]
-        return Step(None, [v["waiting_on"] for v in values], [v["toolledger"] for v in values])
+        return Step(
+            None,
+            [v["waiting_on"] for v in values],
+            [v["toolledger"] for v in values],
+            [v["detail"] for v in values],
+        )
     return Step(str(out["messages"][-1].content))

@@ -34,6 +34,8 @@ class Step:
     answer: str | None = None
     paused: list[str] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
+    #: What the adapter told people about each pause (the command that settles it).
+    details: list[str] = field(default_factory=list)
 
 
 class Driver(ABC):

@@ -171,6 +171,21 @@ class FrameworkScenarios:
         assert record.status == "completed"
         assert (h.billing.requests(), h.billing.effects()) == (1, 1)
 
+    async def test_a_resume_before_the_decision_still_reports_awaiting_approval(self, h: H) -> None:
+        """Resuming an approval nobody decided yet must say it awaits approval and advise
+        approve/reject; the OpenAI adapter said `awaiting_reconciliation` and advised
+        `executions resolve`, which the ledger then refused (`status_mismatch`)."""
+        first = h.driver(tool="billing__refund_large")
+        await first.start("t1")
+        elsewhere = h.driver(tool="billing__refund_large")  # a new process, same saved state
+        share(first, elsewhere)
+        for run in (first, elsewhere):
+            still = await run.resume("t1")
+            assert (still.paused, still.reasons) == (["t1:c1"], ["awaiting_approval"])
+            assert "executions approve t1:c1" in still.details[0], still.details
+            assert "resolve" not in still.details[0], still.details
+        assert h.billing.requests() == 0 and first.heard == elsewhere.heard == []
+
     async def test_a_rejected_call_never_runs_and_the_model_hears_why(self, h: H) -> None:
         run = h.driver(tool="billing__refund_large")
         await run.start("t1")

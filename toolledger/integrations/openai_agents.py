@@ -27,7 +27,8 @@
   operator resolved it, the reconciler found it, an approval was decided): the SDK's approval
   is granted and `on_invoke_tool` returns the ledger's truth (`state.reject` with the
   operator's reason for a rejected approval). Still unsettled: left pending, and the run
-  stops at it again.
+  stops at it again; `paused()` then reports the ledger's reason (`awaiting_approval` with
+  approve/reject, or `awaiting_reconciliation` with resolve), as it was when `resume` asked.
 """
 
 from __future__ import annotations
@@ -187,6 +188,10 @@ class OpenAIAgentsTools:
                 continue
             made = await self._make(tool, key, arguments)
             if isinstance(made, Pause):
+                # The SDK stops at this interruption again without asking `needs_approval`, so
+                # `paused()` must learn why from here (an approval nobody decided is not an
+                # unknown call: `resolve` would be refused).
+                self._pauses[made.key] = made
                 continue
             record = await self.ledger.read_call(key.key)
             if record is not None and _rejected(record):
