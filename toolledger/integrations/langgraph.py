@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from toolledger.integrations._calls import Answer, answer_json, make_call
 from toolledger.integrations._common import AdapterOptions, ToolNames, call_key_for
+from toolledger.integrations._runs import RunPauses
 from toolledger.runtime.ledger import Ledger
 from toolledger.runtime.tools import Tool
 
@@ -72,6 +73,7 @@ class LangGraphTools:
         self.tenant_id = tenant_id
         self.options = options or AdapterOptions()
         self.names = ToolNames(tools)
+        self.runs = RunPauses(ledger, tenant_id)
         self.tools: list[BaseTool] = [_shell(name, tool) for name, tool in self.names.items()]
 
     def tool_node(self, *, name: str = "tools", **kwargs: Any) -> ToolNode:
@@ -101,12 +103,14 @@ class LangGraphTools:
                 options=self.options,
             )
             if isinstance(made, Answer):
+                await self.runs.going_on(key.run_id)
                 return ToolMessage(
                     content=answer_json(made),
                     name=call["name"],
                     tool_call_id=key.tool_call_id,
                     status="success" if made.ok else "error",
                 )
+            await self.runs.paused(made)
             # Raises GraphInterrupt the first time; on resume returns, and the loop asks the
             # ledger again (a call still unsettled interrupts anew).
             interrupt(made.payload())

@@ -45,9 +45,11 @@ from toolledger.integrations._common import (
     CallKey,
     ToolNames,
     call_key_for,
+    encode_run_id,
     pause_detail,
     rejected_text,
 )
+from toolledger.integrations._runs import RunPauses
 from toolledger.runtime.ledger import Ledger
 from toolledger.runtime.tools import Tool
 
@@ -102,6 +104,7 @@ class OpenAIAgentsTools:
         self.options = options or AdapterOptions()
         self.names = ToolNames(tools)
         self.run_id_of = run_id_of
+        self.runs = RunPauses(ledger, tenant_id)
         self._answers: dict[str, Answer] = {}
         self._pauses: dict[str, Pause] = {}
         self.tools: list[AgentTool] = [
@@ -117,6 +120,7 @@ class OpenAIAgentsTools:
                 self._answers[made.key] = made
                 return False
             self._pauses[made.key] = made
+            await self.runs.paused(made)
             return True
 
         async def on_invoke(ctx: ToolContext[Any], arguments: str) -> str:
@@ -130,6 +134,7 @@ class OpenAIAgentsTools:
                     "decision: resume with OpenAIAgentsTools.resume(), which approves only "
                     "what the ledger settled"
                 )
+            await self.runs.going_on(key.run_id)
             return answer_json(made)
 
         return FunctionTool(
@@ -192,6 +197,7 @@ class OpenAIAgentsTools:
                 # `paused()` must learn why from here (an approval nobody decided is not an
                 # unknown call: `resolve` would be refused).
                 self._pauses[made.key] = made
+                await self.runs.paused(made)
                 continue
             record = await self.ledger.read_call(key.key)
             if record is not None and _rejected(record):
@@ -199,6 +205,9 @@ class OpenAIAgentsTools:
                 continue
             self._answers[made.key] = made
             state.approve(item)
+        run_id = self.run_id_of(context)
+        if run_id:  # a rejection is answered by the SDK, never by on_invoke_tool
+            await self.runs.going_on(encode_run_id(run_id))
         return state
 
 
