@@ -169,7 +169,9 @@ async def test_openai_agents_killed_after_an_approved_refund_resumes_from_its_ru
 ERROR_TEXTS = ("Please try again", "Please fix your mistakes", "An error occurred", "Error:")
 
 
-@pytest.mark.parametrize("framework", ["langgraph", "pydantic_ai", "openai_agents"])
+@pytest.mark.parametrize(
+    "framework", ["langgraph", "langchain_agent", "pydantic_ai", "openai_agents"]
+)
 @pytest.mark.parametrize("wait", ["unknown", "approval"])
 async def test_the_resumer_resumes_a_paused_framework_run_in_its_own_process(
     framework: str,
