@@ -1,9 +1,9 @@
-"""One driver per framework, so each scenario is written once and run against all three.
+"""One driver per framework, so each scenario is written once and run against all of them.
 
 A driver runs the refund story on its framework with the framework's own offline model (a
 LangChain chat model in a LangGraph graph or in LangChain's `create_agent`, a PydanticAI
-`FunctionModel`, an `agents` `Model`): the model calls one
-billing tool (call id `c1`), and answers with what it heard. `start()` runs until the run ends
+`FunctionModel`, an `agents` `Model`): the model calls one billing tool (call id `c1`), and
+answers with what it heard. `start()` runs until the run ends
 or pauses, `resume()` carries on from the framework's own persistence (a LangGraph
 checkpointer, a PydanticAI message history, an OpenAI `RunState` JSON), kept in `store` (a
 directory, so a new process can resume) or in memory. `heard` is every tool result any model
