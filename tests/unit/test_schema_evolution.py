@@ -7,8 +7,8 @@ type, CallReserved.v2 (the `warning` field), CallReserved.v3 (`arguments_blob`, 
 `tracestate`), v2 of CallCompleted, CallResolved and RunCheckpointed (`result_blob`,
 `value_blob`, `state_blob`), and v2 of RunPaused and RunResumed (`expected_version` may be
 null: a run its framework drives has no checkpoints). `schemas_fixture/` holds copies of the
-released CallReserved versions and a test-only, unreleased CallReserved.v4 (a new field with a default, a new effect
-symbol), to prove the machinery catches what it claims.
+released CallReserved versions and a test-only, unreleased CallReserved.v4 (a new field with a
+default, a new effect symbol), to prove the machinery catches what it claims.
 """
 
 from __future__ import annotations
