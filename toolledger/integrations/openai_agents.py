@@ -29,6 +29,11 @@
   operator's reason for a rejected approval). Still unsettled: left pending, and the run
   stops at it again; `paused()` then reports the ledger's reason (`awaiting_approval` with
   approve/reject, or `awaiting_reconciliation` with resolve), as it was when `resume` asked.
+- **The run's record**: each interruption of ours is recorded as the run's pause
+  (`run_paused`, `waiting_on` the call) and the answer after it as its resume
+  (toolledger/integrations/_runs.py), so the console shows the run paused and `toolledger
+  resumer` calls its hook when the call is settled; the hook loads the saved `RunState` JSON,
+  `resume()`s it and runs it (docs/integrations/openai_agents.md).
 """
 
 from __future__ import annotations
