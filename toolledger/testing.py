@@ -33,7 +33,7 @@ from toolledger.events.signing import SigningKey
 from toolledger.runtime.context import ToolContext
 from toolledger.runtime.ledger import Ledger
 from toolledger.runtime.tools import Tool, key_passing_problem
-from toolledger.stack import LedgerStack
+from toolledger.wiring.stack import LedgerStack
 
 if TYPE_CHECKING:  # the operator service lives under toolledger.api, which imports FastAPI
     from toolledger.api.service import Compensation
@@ -153,7 +153,7 @@ class Operator:
         from toolledger.api.compensation import RuntimeCompensator
         from toolledger.api.service import Operator as Who
         from toolledger.api.service import OperatorService
-        from toolledger.runtime.stack_port import StackPort
+        from toolledger.wiring.stack_port import StackPort
 
         stack = ledger.stack if isinstance(ledger, Ledger) else ledger
         if signing_key is None and isinstance(ledger, Ledger):

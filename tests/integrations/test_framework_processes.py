@@ -23,8 +23,8 @@ from tests.api_support import OneProcessSettings as Settings
 from tests.fake_billing import FakeBilling
 from tests.integration.procs import Proc, Procs, toolledger_env, until
 from tests.isolated import Isolated, running_stack
-from toolledger.stack import LedgerStack
 from toolledger.testing import Operator
+from toolledger.wiring.stack import LedgerStack
 
 
 @pytest.fixture

@@ -43,7 +43,6 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from toolledger.events.records import CallRecord
 from toolledger.integrations._calls import Answer, Pause, answer_json, make_call
 from toolledger.integrations._common import (
     AdapterOptions,
@@ -55,8 +54,10 @@ from toolledger.integrations._common import (
     rejected_text,
 )
 from toolledger.integrations._runs import RunPauses
-from toolledger.runtime.ledger import Ledger
-from toolledger.runtime.tools import Tool
+from toolledger.runtime import CallRecord, Ledger, Tool
+
+__all__ = ["RUN_ID_SOURCE", "OpenAIAgentsTools", "PausedRun"]
+
 
 try:
     from agents import Agent, FunctionTool, RunContextWrapper, RunResult, RunState

@@ -61,8 +61,10 @@ from toolledger.integrations._common import (
     rejected_text,
 )
 from toolledger.integrations._runs import RunPauses, RunStillPaused
-from toolledger.runtime.ledger import Ledger
-from toolledger.runtime.tools import Tool
+from toolledger.runtime import Ledger, Tool
+
+__all__ = ["CONVERSATION_SOURCE", "LedgerToolset", "PausedRun"]
+
 
 try:
     from pydantic_ai import Agent, AgentRunResult, RunContext
