@@ -13,8 +13,9 @@ error when it is missing); importing this package imports no framework:
 
 What they share, framework-free, is in `toolledger.integrations._common` (model-facing tool
 names, call keys, what the model hears, the adapter options) and `_calls` (one call through
-the ledger, with the duplicate-intent guard); `_runs` records a framework's pause as the run's
-pause (`RunPauses`), so `toolledger resumer` wakes it. See docs/integrations/.
+the ledger, with the duplicate-intent guard); `_runs` (`RunPauses`) records a framework's pause
+as the run's, through the runtime's `FrameworkRuns`, so `toolledger resumer` wakes it. See
+docs/integrations/.
 """
 
 from toolledger.integrations._calls import Answer, Pause, make_call

@@ -30,7 +30,7 @@
   The middleware's `awrap_tool_call` is this one (LangChain's `AgentMiddleware` hook has the
   same signature), so everything above holds for the agent's tools node.
 - **The run's record**: each pause is recorded as the run's pause (`run_paused`, `waiting_on`
-  the call) and the answer after it as its resume (toolledger/integrations/_runs.py), so the
+  the call) and the answer after it as its resume (toolledger/runtime/framework_runs.py), so the
   console shows the thread paused and `toolledger resumer` calls its hook when the call is
   settled; the hook resumes the thread with `Command(resume=True)` on the same checkpointer.
 """

@@ -31,7 +31,7 @@
   approve/reject, or `awaiting_reconciliation` with resolve), as it was when `resume` asked.
 - **The run's record**: each interruption of ours is recorded as the run's pause
   (`run_paused`, `waiting_on` the call) and the answer after it as its resume
-  (toolledger/integrations/_runs.py), so the console shows the run paused and `toolledger
+  (toolledger/runtime/framework_runs.py), so the console shows the run paused and `toolledger
   resumer` calls its hook when the call is settled; the hook loads the saved `RunState` JSON,
   `resume()`s it and runs it (docs/integrations/openai_agents.md).
 """

@@ -33,7 +33,7 @@
   naming it and the command that settles it (pydantic-ai would say `UserError: Tool call
   results need to be provided for all deferred tool calls`), and nothing runs.
 - **The run's record**: a deferral is recorded as the run's pause (`run_paused`, `waiting_on`
-  the call) and an answer after it as its resume (toolledger/integrations/_runs.py), so the
+  the call) and an answer after it as its resume (toolledger/runtime/framework_runs.py), so the
   console shows the run paused and `toolledger resumer` calls its hook when the call is settled.
 - **Timeouts are toolledger's**: each call is bounded by its tool's declared `timeout=`, and by
   `Agent(tool_timeout=...)` when that is shorter (pydantic-ai applies it to its own function
