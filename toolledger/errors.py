@@ -58,6 +58,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "PipeliningRefused": ("toolledger.runtime.effects", "pipelining_refused"),
     "RecordTooLarge": ("toolledger.events.log", "record_too_large"),
     "RunQuarantined": ("toolledger.runtime.errors", "run_quarantined"),
+    "RunStillPaused": ("toolledger.integrations._runs", "run_still_paused"),
     "RunSuperseded": ("toolledger.runtime.errors", "run_superseded"),
     "StoreError": ("toolledger.projections.store", "store_error"),
     "TenantMismatchError": ("toolledger.runtime.errors", "tenant_mismatch"),
