@@ -36,10 +36,10 @@ class Charge(BaseModel):
 
 
 @shop.tool(external(replays_key_for=REPLAY_WINDOW), timeout=5)
-async def refund(charge: str, amount: int, context: ToolContext) -> Refund:
+async def refund(charge: str, amount: int, memo: str, context: ToolContext) -> Refund:
     """Refund part of a charge; the fake replays its first answer for a repeated key."""
     answer = await payments.post(
-        "/v1/refunds", json={"charge": charge, "amount": amount}, context=context
+        "/v1/refunds", json={"charge": charge, "amount": amount, "memo": memo}, context=context
     )
     return Refund.model_validate(answer.json())
 

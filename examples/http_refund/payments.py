@@ -45,6 +45,7 @@ class Received:
     method: str
     path: str
     key: str | None
+    body: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,7 @@ class FakePayments:
                 length = int(headers.get("content-length", "0"))
                 body = await reader.readexactly(length) if length else b""
                 key = headers.get("idempotency-key")
-                self.requests.append(Received(method, path, key))
+                self.requests.append(Received(method, path, key, body))
                 answer = await self._handle(method, path, key, body)
                 if answer is None:
                     writer.transport.abort()  # applied, then the connection is gone

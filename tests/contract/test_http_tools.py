@@ -29,14 +29,18 @@ from tests.http_tools import REPLAY_WINDOW, STATUSES, look_up_charge, refund, re
 from tests.integration.procs import until
 from tests.isolated import Isolated
 from toolledger import Tool, ToolCallFailed, ToolCallIndeterminate
+from toolledger.events.payloads import PayloadLimits
 from toolledger.events.records import CallRecord
 from toolledger.http import ToolHTTP
 from toolledger.processors.reconciler import Reconciler
 from toolledger.runtime.resend import ResendWindowPassed
 from toolledger.runtime.stack_port import StackPort
 
-REFUND = {"charge": "ch_1", "amount": 2500}
+REFUND = {"charge": "ch_1", "amount": 2500, "memo": ""}
+UNDECLARED = {"charge": "ch_1", "amount": 2500}
 KEY = "r1:c1"
+#: Arguments over 2 KB travel by reference, so a memo can put a call's arguments in a blob.
+LIMITS = PayloadLimits(inline_bytes=2048, max_bytes=3 * 1024 * 1024)
 
 
 class HttpToolScenarios:
@@ -148,6 +152,21 @@ class HttpToolScenarios:
         assert started == 0 and record.status == "indeterminate"
         assert len(api.posts()) == 1 and len(api.refunds) == 1
 
+    async def test_the_resend_sends_the_arguments_as_recorded_by_reference(
+        self, h: Harness, api: FakePayments
+    ) -> None:
+        """Arguments over the inline threshold are stored as a blob: the resend must send them
+        restored, byte for byte as the first request, not the empty inline text."""
+        api.script.append("drop")
+        arguments = {**REFUND, "memo": "customer wrote: " + "x" * 4000}
+        with pytest.raises(ToolCallIndeterminate):
+            await self.call(h, refund, arguments)
+        assert (await h.record(KEY)).arguments_blob is not None
+        _, record = await self.reconcile(h, refund)
+        assert record.status == "completed"
+        first, again = api.posts()
+        assert again.body == first.body and len(api.refunds) == 1
+
     async def test_an_undeclared_downstream_is_never_resent(
         self, h: Harness, api: FakePayments
     ) -> None:
@@ -155,9 +174,9 @@ class HttpToolScenarios:
         wait for an operator, and the fake must see one request only."""
         api.script.append("drop")
         with pytest.raises(ToolCallIndeterminate):
-            await self.call(h, refund_undeclared, REFUND)
+            await self.call(h, refund_undeclared, UNDECLARED)
         with pytest.raises(ToolCallIndeterminate):
-            await self.call(h, refund_undeclared, REFUND)
+            await self.call(h, refund_undeclared, UNDECLARED)
         started, record = await self.reconcile(h, refund_undeclared)
         assert started == 0 and record.status == "indeterminate"
         assert len(api.posts()) == 1
@@ -167,7 +186,7 @@ class HttpToolScenarios:
     ) -> None:
         """The server said no: the call must be failed (not unknown, not "not attempted"), with
         the status and the server's reason in the ledger."""
-        outcome = await self.call(h, refund, {"charge": "ch_1", "amount": 999_999})
+        outcome = await self.call(h, refund, {**REFUND, "amount": 999_999})
         assert (outcome.status, outcome.not_attempted) == ("failed", False)
         assert "400" in (outcome.error or "") and "exceeds" in (outcome.error or "")
         with pytest.raises(ToolCallFailed):
@@ -223,14 +242,18 @@ class HttpToolScenarios:
 class TestMemoryHttpTools(HttpToolScenarios):
     @pytest.fixture
     async def h(self, tmp_path: Path) -> AsyncIterator[Harness]:
-        async with memory_harness(tmp_path) as h:
+        async with memory_harness(tmp_path, payload_limits=LIMITS) as h:
             yield h
 
 
 class TestKafkaPostgresHttpTools(HttpToolScenarios):
     @pytest.fixture
     async def h(self, tmp_path: Path, isolated: Isolated) -> AsyncIterator[Harness]:
-        async with kafka_postgres_harness(tmp_path, isolated) as h:
+        limits = {
+            "payload_inline_bytes": LIMITS.inline_bytes,
+            "payload_max_bytes": LIMITS.max_bytes,
+        }
+        async with kafka_postgres_harness(tmp_path, isolated, **limits) as h:
             yield h
 
 
