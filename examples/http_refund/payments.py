@@ -21,7 +21,8 @@ in order:
 | `500`, `503`  | answers that status before looking at the key, and applies nothing      |
 | `hold`        | keeps the request unanswered until `release()`                           |
 
-`refuse()` stops listening (and drops open connections), so new connections are refused;
+`refuse()` stops listening and drops open connections (held requests too), so new connections
+are refused;
 `accept()` listens on the same port again. `requests` lists every request received.
 """
 
@@ -69,6 +70,7 @@ class FakePayments:
         self.port: int = self._sock.getsockname()[1]
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
+        self._handlers: set[asyncio.Task[None]] = set()
 
     @property
     def url(self) -> str:
@@ -87,6 +89,11 @@ class FakePayments:
             self._server.close()
             for writer in list(self._writers):
                 writer.transport.abort()
+            # Every connection's handler ends on its abort (a held one once released); wait for
+            # them, so none outlives the server (Python 3.11's wait_closed does not).
+            self.release()
+            await asyncio.gather(*self._handlers, return_exceptions=True)
+            self._released = asyncio.Event()
             await self._server.wait_closed()
             self._server = None
 
@@ -121,6 +128,9 @@ class FakePayments:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._writers.add(writer)
+        handler = asyncio.current_task()
+        if handler is not None:
+            self._handlers.add(handler)
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -139,6 +149,8 @@ class FakePayments:
             pass
         finally:
             self._writers.discard(writer)
+            if handler is not None:
+                self._handlers.discard(handler)
             with contextlib.suppress(Exception):
                 writer.close()
 
