@@ -1,6 +1,6 @@
 """What `toolledger.http` costs a request: client CPU per call, against bare httpx, in one run.
 
-    python -m benchmarks.http_overhead [--repeat 7] [--calls 2000]
+    python -m benchmarks.http_overhead [--repeat 5] [--blocks 40] [--calls 50]
 
 The same request, `GET /v1/charges/ch_1` with an `Idempotency-Key` header, to the fake payments
 API (`examples.http_refund.payments`) on a loopback port, two ways:
@@ -13,9 +13,12 @@ API (`examples.http_refund.payments`) on a loopback port, two ways:
   and the classification of the answer.
 
 The server runs in a child process, so `time.process_time()` measures the client alone (its
-event loop, httpx, httpcore and the helper). Each repetition runs both variants for `--calls`
-calls after a warm-up, in alternating order, on one kept-alive connection each; the table shows
-the median CPU per call of each and the helper's added share of the floor. No ledger is
+event loop, httpx, httpcore, the kernel's socket calls and the helper). Both clients live in one
+event loop, each on one kept-alive connection; each repetition (a fresh loop) runs `--blocks`
+pairs of blocks of `--calls` requests after a warm-up, alternating which variant goes first, so
+that the two blocks of a pair see the same machine. On a shared machine a request's CPU moves
+by a quarter from one second to the next; the added cost is therefore the median of the paired
+differences, and the table shows it beside the medians of each variant. No ledger is
 involved: `Ledger.call`'s own cost is benchmarks/runtime_overhead.py's.
 """
 
@@ -46,30 +49,35 @@ async def _serve() -> None:
         await asyncio.Event().wait()
 
 
-async def _bare(url: str, calls: int) -> float:
+async def _blocks(url: str, blocks: int, calls: int) -> dict[str, list[float]]:
+    """CPU microseconds per request of each variant, one figure per block of `calls`."""
     import httpx
 
-    async with httpx.AsyncClient(base_url=url) as client:
-        for n in range(WARMUP):
-            (await client.get(PATH, headers={"Idempotency-Key": f"w{n}:c1"})).raise_for_status()
-        started = time.process_time()
-        for n in range(calls):
-            answer = await client.get(PATH, headers={"Idempotency-Key": f"r{n}:c1"})
-            answer.raise_for_status()
-        return (time.process_time() - started) / calls
-
-
-async def _helper(url: str, calls: int) -> float:
     from toolledger.http import ToolHTTP
     from toolledger.testing import fake_tool_context
 
-    async with ToolHTTP(base_url=url) as client:
+    async with httpx.AsyncClient(base_url=url) as bare, ToolHTTP(base_url=url) as helper:
+
+        async def floor(n: int) -> None:
+            (await bare.get(PATH, headers={"Idempotency-Key": f"r{n}:c1"})).raise_for_status()
+
+        async def ours(n: int) -> None:
+            await helper.get(PATH, context=fake_tool_context(run_id=f"r{n}"))
+
+        runs = {"httpx": floor, "toolledger.http": ours}
         for n in range(WARMUP):
-            await client.get(PATH, context=fake_tool_context(run_id=f"w{n}"))
-        started = time.process_time()
-        for n in range(calls):
-            await client.get(PATH, context=fake_tool_context(run_id=f"r{n}"))
-        return (time.process_time() - started) / calls
+            await floor(n)
+            await ours(n)
+        samples: dict[str, list[float]] = {v: [] for v in VARIANTS}
+        for block in range(blocks):
+            order = VARIANTS if block % 2 == 0 else VARIANTS[::-1]
+            for variant in order:
+                run = runs[variant]
+                started = time.process_time()
+                for n in range(calls):
+                    await run(n)
+                samples[variant].append((time.process_time() - started) / calls * 1e6)
+        return samples
 
 
 def _server() -> tuple[subprocess.Popen[str], str]:
@@ -89,8 +97,9 @@ def _server() -> tuple[subprocess.Popen[str], str]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.http_overhead")
-    parser.add_argument("--repeat", type=int, default=7)
-    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--blocks", type=int, default=40, help="block pairs per repetition")
+    parser.add_argument("--calls", type=int, default=50, help="requests per block")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
@@ -101,11 +110,10 @@ def main(argv: list[str] | None = None) -> None:
     samples: dict[str, list[float]] = {v: [] for v in VARIANTS}
     try:
         for rep in range(args.repeat):
-            order = VARIANTS if rep % 2 == 0 else VARIANTS[::-1]
-            for variant in order:
-                run = _bare if variant == "httpx" else _helper
-                samples[variant].append(asyncio.run(run(url, args.calls)) * 1e6)
-            line = ", ".join(f"{v} {samples[v][-1]:.1f}" for v in VARIANTS)
+            got = asyncio.run(_blocks(url, args.blocks, args.calls))
+            for variant in VARIANTS:
+                samples[variant].extend(got[variant])
+            line = ", ".join(f"{v} {statistics.median(got[v]):.1f}" for v in VARIANTS)
             print(f"  repetition {rep + 1}/{args.repeat}: CPU us per call: {line}", flush=True)
     finally:
         os.kill(proc.pid, signal.SIGTERM)
@@ -113,14 +121,15 @@ def main(argv: list[str] | None = None) -> None:
     floor = statistics.median(samples["httpx"])
     helper = statistics.median(samples["toolledger.http"])
     added = [h - b for h, b in zip(samples["toolledger.http"], samples["httpx"], strict=True)]
-    print(f"\nclient CPU per request, median of {args.repeat} x {args.calls} requests")
+    total = args.repeat * args.blocks
+    print(f"\nclient CPU per request, median of {total} blocks of {args.calls} requests each")
     print(f"{'variant':<16} {'us/call':>9} {'vs httpx':>9}")
     for variant, value in (("httpx", floor), ("toolledger.http", helper)):
         print(f"{variant:<16} {value:>9.1f} {value / floor:>8.3f}x")
     median_added = statistics.median(added)
     print(
-        f"added by the helper: {median_added:.1f} us per request (median of the paired "
-        f"differences), {median_added / floor:.1%} of the bare request"
+        f"added by the helper: {median_added:.1f} us per request (median of the "
+        f"{len(added)} paired block differences), {median_added / floor:.1%} of the bare request"
     )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from datetime import timedelta
+from typing import cast
 
 import httpx
 import pytest
@@ -20,7 +21,9 @@ import toolledger.http
 from examples.http_refund.payments import FakePayments
 from tests.http_tools import look_up_charge, refund, refund_undeclared
 from tests.integration.procs import until
-from toolledger import SideEffect, ToolContext, Toolset, external
+from toolledger import SideEffect, ToolContext, ToolExecutionRecord, Toolset, external
+from toolledger.api.compensation import compensation_tool
+from toolledger.events.records import CallRecord
 from toolledger.http import (
     RequestFailed,
     RequestInProgress,
@@ -245,3 +248,19 @@ async def test_a_transport_that_reports_no_stages_counts_as_sent() -> None:
             with pytest.raises(error):
                 await ToolHTTP(own).post("http://x/v1/refunds", json=ARGS, context=context)
             assert context.sent is sent
+
+
+def test_the_compensation_of_a_resending_tool_is_never_resent() -> None:
+    """A compensation call inherits its tool's effect; inheriting `replays_key_for` refused to
+    build it (its hook does not send the key) and would have resent an undo."""
+    box = Toolset("undo")
+
+    async def undo(record: ToolExecutionRecord, context: ToolContext) -> None:
+        return None
+
+    @box.tool(external(replays_key_for=HOUR), compensation=undo)
+    async def pay(amount: int, context: ToolContext) -> int:
+        return amount + len(context.idempotency_key)
+
+    compensating = compensation_tool(pay, cast(CallRecord, None))  # only its hook reads it
+    assert pay.resends and not compensating.resends
