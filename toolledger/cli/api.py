@@ -17,7 +17,7 @@ import uvicorn
 from toolledger.api.app import create_app
 from toolledger.api.compensation import load_tools
 from toolledger.settings import OperatorSettings, load_settings
-from toolledger.stack import LedgerStack
+from toolledger.wiring.stack import LedgerStack
 
 
 @click.command()

@@ -24,7 +24,7 @@ import click
 
 from toolledger.cli.entry import configure_logging
 from toolledger.settings import ProjectorSettings, load_settings
-from toolledger.stack import LedgerStack
+from toolledger.wiring.stack import LedgerStack
 
 
 async def _run(status_every: float) -> None:

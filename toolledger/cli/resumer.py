@@ -17,7 +17,7 @@ from toolledger.events.log import TopicMissing
 from toolledger.processors.app import DEFAULT_SESSION_TIMEOUT_S
 from toolledger.processors.resumer import Resumer, load_hook, resumer_app
 from toolledger.settings import load_settings
-from toolledger.stack import LedgerStack
+from toolledger.wiring.stack import LedgerStack
 
 
 async def _run(spec: str, group: str | None, session_timeout: float) -> None:
