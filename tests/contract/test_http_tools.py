@@ -34,7 +34,7 @@ from toolledger.events.records import CallRecord
 from toolledger.http import ToolHTTP
 from toolledger.processors.reconciler import Reconciler
 from toolledger.runtime.resend import ResendWindowPassed
-from toolledger.runtime.stack_port import StackPort
+from toolledger.wiring.stack_port import StackPort
 
 REFUND = {"charge": "ch_1", "amount": 2500, "memo": ""}
 UNDECLARED = {"charge": "ch_1", "amount": 2500}

@@ -29,7 +29,7 @@ from tests.integration.procs import until
 from tests.isolated import Isolated, child_env
 from toolledger.http import ToolHTTP
 from toolledger.processors.reconciler import Reconciler
-from toolledger.runtime.stack_port import StackPort
+from toolledger.wiring.stack_port import StackPort
 
 
 @pytest.fixture
