@@ -1,12 +1,15 @@
 """Tools written with `toolledger.http` against the fake payments API (`examples.http_refund`).
 
-`payments` is a placeholder at import; each test swaps in a client on its own fake's port and
-event loop (`use_payments`), which the tools find by name at call time. The declarations
-resolve the name once, to know that the tools pass their key and mark sending.
+`payments` points at `PAYMENTS_URL_ENV` when a child process (a runtime worker, a
+`toolledger reconciler --tools tests.http_tools`) is given it; in the test process it is a
+placeholder, and each test swaps in a client on its own fake's port and event loop
+(`use_payments`), which the tools find by name at call time. The declarations resolve the name
+once, to know that the tools pass their key and mark sending.
 """
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 
 from pydantic import BaseModel
@@ -19,7 +22,10 @@ REPLAY_WINDOW = timedelta(hours=24)
 #: How the fake says "a request with this key is still being processed".
 STATUSES: dict[int, Outcome] = {409: "in_progress"}
 
-payments = ToolHTTP(statuses=STATUSES)
+#: Where a child process finds the fake payments API.
+PAYMENTS_URL_ENV = "HTTP_TOOLS_PAYMENTS_URL"
+
+payments = ToolHTTP(base_url=os.environ.get(PAYMENTS_URL_ENV, ""), statuses=STATUSES)
 shop = Toolset("shop")
 
 
