@@ -10,10 +10,13 @@ once, to know that the tools pass their key and mark sending.
 from __future__ import annotations
 
 import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import timedelta
 
 from pydantic import BaseModel
 
+from examples.http_refund.payments import FakePayments
 from toolledger import ToolContext, Toolset, external, read
 from toolledger.http import Outcome, ToolHTTP
 
@@ -71,3 +74,16 @@ def use_payments(client: ToolHTTP) -> ToolHTTP:
     global payments
     previous, payments = payments, client
     return previous
+
+
+@asynccontextmanager
+async def fake_payments() -> AsyncIterator[FakePayments]:
+    """A started fake payments API with this process's tools pointed at it; both undone after."""
+    async with FakePayments() as fake:
+        client = ToolHTTP(base_url=fake.url, statuses=STATUSES)
+        previous = use_payments(client)
+        try:
+            yield fake
+        finally:
+            use_payments(previous)
+            await client.aclose()

@@ -25,13 +25,12 @@ import pytest
 from examples.http_refund.payments import FakePayments
 from tests import http_tools
 from tests.contract.runtime_harness import Harness, kafka_postgres_harness, memory_harness
-from tests.http_tools import REPLAY_WINDOW, STATUSES, look_up_charge, refund, refund_undeclared
+from tests.http_tools import REPLAY_WINDOW, look_up_charge, refund, refund_undeclared
 from tests.integration.procs import until
 from tests.isolated import Isolated
 from toolledger import Tool, ToolCallFailed, ToolCallIndeterminate
 from toolledger.events.payloads import PayloadLimits
 from toolledger.events.records import CallRecord
-from toolledger.http import ToolHTTP
 from toolledger.processors.reconciler import Reconciler
 from toolledger.runtime.resend import ResendWindowPassed
 from toolledger.wiring.stack_port import StackPort
@@ -48,14 +47,8 @@ class HttpToolScenarios:
 
     @pytest.fixture
     async def api(self) -> AsyncIterator[FakePayments]:
-        async with FakePayments() as fake:
-            client = ToolHTTP(base_url=fake.url, statuses=STATUSES)
-            previous = http_tools.use_payments(client)
-            try:
-                yield fake
-            finally:
-                http_tools.use_payments(previous)
-                await client.aclose()
+        async with http_tools.fake_payments() as fake:
+            yield fake
 
     async def call(self, h: Harness, tool: Tool[Any, Any], arguments: dict[str, Any]) -> Any:
         return await h.call(tool, "c1", arguments=arguments)

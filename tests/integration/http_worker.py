@@ -2,9 +2,9 @@
 
 `python -m tests.integration.http_worker` connects to the ledger from the `TOOLLEDGER_*`
 environment (no projector: the test process runs it) and calls `shop.refund` as r1:c1 against
-the fake payments API that `HTTP_TOOLS_PAYMENTS_URL` names (`tests.http_tools`). The test holds the request at the fake
-and kills this process there: the ledger says `started`, and the refund is made after the
-runtime is gone, its answer lost.
+the fake payments API that `HTTP_TOOLS_PAYMENTS_URL` names (`tests.http_tools`). The test
+holds the request at the fake and kills this process there: the ledger says `started`, and the
+refund is made after the runtime is gone, its answer lost.
 """
 
 from __future__ import annotations

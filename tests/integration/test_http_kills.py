@@ -27,12 +27,11 @@ import pytest
 from examples.http_refund.payments import FakePayments
 from tests import http_tools
 from tests.contract.runtime_harness import ROOT, Harness, kafka_postgres_harness
-from tests.http_tools import PAYMENTS_URL_ENV, STATUSES, refund
+from tests.http_tools import PAYMENTS_URL_ENV, refund
 from tests.integration.http_worker import ARGUMENTS
 from tests.integration.procs import Procs, toolledger_env, until
 from tests.isolated import Isolated, child_env
 from toolledger.events.records import CallRecord
-from toolledger.http import ToolHTTP
 from toolledger.processors.reconciler import Reconciler
 from toolledger.wiring.stack_port import StackPort
 
@@ -48,14 +47,8 @@ async def h(tmp_path: Path, isolated: Isolated) -> AsyncIterator[Harness]:
 @pytest.fixture
 async def api(h: Harness) -> AsyncIterator[FakePayments]:
     """The fake, and the test process's tools pointed at it."""
-    async with FakePayments() as fake:
-        client = ToolHTTP(base_url=fake.url, statuses=STATUSES)
-        previous = http_tools.use_payments(client)
-        try:
-            yield fake
-        finally:
-            http_tools.use_payments(previous)
-            await client.aclose()
+    async with http_tools.fake_payments() as fake:
+        yield fake
 
 
 async def killed_mid_request(h: Harness, api: FakePayments) -> CallRecord:
