@@ -264,3 +264,21 @@ def test_the_compensation_of_a_resending_tool_is_never_resent() -> None:
 
     compensating = compensation_tool(pay, cast(CallRecord, None))  # only its hook reads it
     assert pay.resends and not compensating.resends
+
+
+async def test_a_tool_timeout_while_waiting_for_the_pool_is_not_sent(api: FakePayments) -> None:
+    """The tool's own timeout can fire while its request waits for a pooled connection, before
+    any stage is reported: on the helper's own client that is "nothing left", not unknown."""
+    async with ToolHTTP(base_url=api.url, limits=httpx.Limits(max_connections=1)) as client:
+        api.script.append("hold")
+        holder = asyncio.create_task(
+            client.post("/v1/refunds", json=ARGS, context=fake_tool_context(tool_call_id="a"))
+        )
+        await until(lambda: api.requests, timeout=5, what="the held request to arrive")
+        context = fake_tool_context(tool_call_id="b")
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.1):
+                await client.post("/v1/refunds", json=ARGS, context=context)
+        assert not context.sent
+        api.release()
+        assert (await holder).status_code == 200

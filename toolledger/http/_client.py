@@ -12,7 +12,9 @@ come before sending (`httpx.ConnectError`, `ConnectTimeout`, `PoolTimeout`,
 `UnsupportedProtocol`) counts as sent. An answer always counts as sent, whatever the transport.
 
 The client is the user's own `httpx.AsyncClient` if given (its base URL, auth, transport and
-timeouts stay), else one made here and closed by `aclose()`.
+timeouts stay), else one made here on httpx's default transport and closed by `aclose()`. Only
+the latter is known to report every stage, so only there does a request cancelled before any
+stage (the tool's timeout while waiting for a pooled connection) count as not sent.
 """
 
 from __future__ import annotations
@@ -133,6 +135,7 @@ class ToolHTTP:
         *,
         base_url: str = "",
         timeout: float | httpx.Timeout = 10.0,
+        limits: httpx.Limits | None = None,
         key_header: str = DEFAULT_KEY_HEADER,
         statuses: Mapping[int, Outcome] | None = None,
         replayed_header: str = DEFAULT_REPLAYED_HEADER,
@@ -141,7 +144,13 @@ class ToolHTTP:
         if client is not None and base_url:
             raise ValueError("give the base_url to your own httpx.AsyncClient, not to ToolHTTP")
         self._owned = client is None
-        self.client = client or httpx.AsyncClient(base_url=base_url, timeout=timeout)
+        if client is None:
+            client = (
+                httpx.AsyncClient(base_url=base_url, timeout=timeout)
+                if limits is None  # httpx's default limits
+                else httpx.AsyncClient(base_url=base_url, timeout=timeout, limits=limits)
+            )
+        self.client = client
         self.key_header = key_header
         self.statuses: dict[int, Outcome] = {**DEFAULT_STATUSES, **(statuses or {})}
         self.replayed_header = replayed_header
@@ -189,8 +198,11 @@ class ToolHTTP:
             context.mark_sending()
             raise RequestOutcomeUnknown(label, f"then {_cause(exc)}") from exc
         except BaseException:
-            if not wire.seen:
-                context.mark_sending()  # cancelled in a transport that reports nothing
+            # Cancelled (the tool's timeout) before any stage was reported: still waiting for
+            # a pooled connection if the transport is httpx's own (which reports every stage);
+            # anywhere, for all we know, in a transport of the user's.
+            if not wire.seen and not self._owned:
+                context.mark_sending()
             raise
         context.mark_sending()
         return self._answer(label, response, context)
