@@ -55,9 +55,11 @@ def assert_tool_contract(tool: Tool[Any, Any]) -> None:
        second attempt of such a tool anyway; a declaration saying otherwise is a mistake.
     3. **A way to recognise a repeat** (`write()`, `external()`, `destructive()`): the tool has
        a reconcile hook, or its source reads `<context>.idempotency_key`, an attribute access
-       on its context parameter found with `ast` in `inspect.getsource(tool.fn)`. Reading it
-       through an alias or a helper that receives the context is not seen; a tool whose
-       source Python cannot show fails this check.
+       on its context parameter found with `ast` in `inspect.getsource(tool.fn)`, or hands
+       the context itself to a helper marked as sending the key (a `toolledger.http.ToolHTTP`
+       defined at module level: `await payments.post(url, context=context)`). Reading it
+       through an alias or an unmarked helper that receives the context is not seen; a tool
+       whose source Python cannot show fails this check.
 
     Passing says the tool *can* take effect once; whether the other system honours the key
     is for a test against that system (or its fake) to show.
