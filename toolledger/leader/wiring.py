@@ -1,0 +1,60 @@
+"""Where the fast path is switched on: a leader beside each projector, a `LeaderPort` per runtime.
+
+The wiring calls these two functions and nothing else of the package, so the rest of the
+codebase does not know leaders exist:
+
+- `start_leader` gives a projector process its `LeaderServer` (the projector's
+  `PartitionFollower`) unless `TOOLLEDGER_LEADER_LISTEN=off`.
+- `runtime_port` gives a runtime on Kafka and PostgreSQL its port: a `LeaderPort` over the
+  direct path unless `TOOLLEDGER_LEADER=off`. With no leader registered it behaves as the direct
+  path, so it is the default wherever a leader may be up; the embedded (memory) stack keeps the
+  direct path, having no network to save.
+"""
+
+from __future__ import annotations
+
+from toolledger.events.log import EventLog
+from toolledger.events.signing import VerifyKeys
+from toolledger.leader.client import LeaderDirectory
+from toolledger.leader.provenance import LeaderReads
+from toolledger.leader.runtime_port import LeaderPort
+from toolledger.leader.server import LeaderServer
+from toolledger.runtime.port import RuntimePort
+from toolledger.runtime.stack_port import StackPort
+from toolledger.settings import Settings
+from toolledger.stack import LedgerStack
+
+
+async def start_leader(
+    settings: Settings, events: EventLog, keys: VerifyKeys
+) -> LeaderServer | None:
+    """The leader of a projector process, listening; None with `TOOLLEDGER_LEADER_LISTEN=off`."""
+    if settings.leader_listen == "off":
+        return None
+    database_url, _ = settings.require_services()
+    host, _, port = settings.leader_listen.rpartition(":")
+    reads = LeaderReads(database_url, settings.schema_name)
+    server = LeaderServer(
+        events,
+        reads,
+        keys,
+        settings.partitions,
+        host=host,
+        port=int(port),
+        max_body=settings.max_record_bytes + 64 * 1024,
+    )
+    await server.start()
+    return server
+
+
+def runtime_port(stack: LedgerStack, settings: Settings | None) -> RuntimePort:
+    """The port a runtime on `stack` uses: the fast path unless it is off or not possible."""
+    direct = StackPort(stack)
+    if settings is None or settings.leader == "off" or settings.database_url is None:
+        return direct
+    reads = LeaderReads(settings.database_url, settings.schema_name)
+    port = LeaderPort(
+        direct, LeaderDirectory(reads), settings.partitions, settings.leader_timeout_ms / 1000
+    )
+    stack.on_close.append(port.close)
+    return port
