@@ -34,6 +34,10 @@ from toolledger.projections.dberrors import DATABASE_ERRORS
 
 log = logging.getLogger("toolledger.leader")
 
+#: Seconds after which a partition with no leader registered is looked up again: a projector
+#: takes partitions within its ownership interval, and the first calls should not miss it long.
+NO_LEADER_RECHECK = 0.25
+
 
 class LeaderConnection:
     """One connection to the leader at `address` (`host:port`), many requests in flight."""
@@ -113,7 +117,8 @@ class LeaderDirectory:
     async def connection(self, partition: int) -> LeaderConnection | None:
         """The connection to `partition`'s leader, or None: take the direct path."""
         now = time.monotonic()
-        stale = now - self._read_at >= self.retry_after or partition not in self._addresses
+        known = self._addresses.get(partition) is not None
+        stale = now - self._read_at >= (self.retry_after if known else NO_LEADER_RECHECK)
         failed = self._failed.get(partition)
         if failed is not None:
             if now - failed < self.retry_after:
@@ -129,6 +134,12 @@ class LeaderDirectory:
         if connection is None or connection.broken:
             connection = self._connections[address] = LeaderConnection(address)
         return connection
+
+    async def leaders(self) -> dict[int, str | None]:
+        """Every partition's leader as PostgreSQL says now (read again, not from memory)."""
+        self._read_at = -float("inf")
+        await self._refresh()
+        return dict(self._addresses)
 
     def failed(self, partition: int, why: str) -> None:
         """`partition`'s leader did not serve a request: go direct for a while, then re-read."""

@@ -57,6 +57,8 @@ class LeaderPort(RuntimePort):
         self.bound = bound
         self._watched: set[uuid.UUID] = set()
         self._answered: dict[uuid.UUID, Verdict] = {}
+        #: Requests the leader answered, and those that took the direct path instead.
+        self.stats = {"leader": 0, "direct": 0}
 
     @property
     def limits(self) -> PayloadLimits:
@@ -94,7 +96,9 @@ class LeaderPort(RuntimePort):
         partition = partition_for(event.run_id, self.partitions)
         frame = await self._ask(partition, Kind.APPEND, data, within)
         if frame is None or frame.kind not in (Kind.VERDICT, Kind.APPENDED):
+            self.stats["direct"] += 1
             return None
+        self.stats["leader"] += 1
         return frame
 
     async def append_and_await(self, event: Event, timeout: float) -> Verdict:
