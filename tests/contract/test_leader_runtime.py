@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
