@@ -14,6 +14,7 @@ import asyncio
 import sys
 from typing import Any
 
+from tests.integration.procs import until
 from toolledger.settings import ProjectorSettings, load_settings
 from toolledger.stack import LedgerStack
 
@@ -28,8 +29,11 @@ async def main() -> None:
     stack.store.apply_written = never_commits  # type: ignore[method-assign]
     projector = stack.projector
     assert projector is not None
-    while len(projector.owned) < settings.partitions:
-        await asyncio.sleep(0.01)
+    await until(
+        lambda: len(projector.owned) == settings.partitions or None,
+        timeout=30,
+        what="every partition owned",
+    )
     sys.stdout.write("leading\n")
     await stack.projector_task
 

@@ -22,6 +22,7 @@ A failure here is a verdict the fast path would have answered differently from t
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -30,12 +31,13 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from tests import builders as b
 from toolledger.events.fold import LedgerFold, Positioned
 from toolledger.events.models import CallReserved, Event
-from toolledger.events.records import Verdict
+from toolledger.events.records import CallRecord, Verdict
 from toolledger.leader.partition import Item, LeaderPartition, Loaded, Needs, Superseded
 
 RUNS = ("r1", "r2")
 CALLS = ("c1", "c2")
 START = 1  # offset 0 holds the epoch marker
+OUTCOMES: tuple[Callable[..., Event], ...] = (b.completed, b.failed, b.abandoned, b.indeterminate)
 
 
 class LeaderMachine(RuleBasedStateMachine):
@@ -50,7 +52,7 @@ class LeaderMachine(RuleBasedStateMachine):
         self.lost: list[tuple[int, Event]] = []
         self.reservations: list[CallReserved] = []
         self.answered: list[tuple[int, Verdict]] = []
-        self.read_answers: list[tuple[int, str, object]] = []
+        self.read_answers: list[tuple[int, str, tuple[int, CallRecord | None]]] = []
         self.stopped: set[int] = set()  # leaders that found themselves superseded
         self.loading: list[tuple[int, Loaded]] = []  # reads asked, not yet answered
         self.t = 0.0
@@ -95,11 +97,11 @@ class LeaderMachine(RuleBasedStateMachine):
     def event(self, data: st.DataObject) -> Event:
         self.t += 1
         run, call = data.draw(st.sampled_from(RUNS)), data.draw(st.sampled_from(CALLS))
-        if self.reservations and data.draw(st.booleans()):
+        outcome = bool(self.reservations) and data.draw(st.booleans())
+        if outcome:
             r = data.draw(st.sampled_from(self.reservations))
-            make = data.draw(st.sampled_from((b.completed, b.failed, b.abandoned, b.indeterminate)))
-            event: Event = make(r, t=self.t)
-            return event
+            make: Callable[..., Event] = data.draw(st.sampled_from(OUTCOMES))
+            return make(r, t=self.t)
         if data.draw(st.integers(0, 5)) == 0:
             return b.run_started(run, t=self.t)
         reserved = b.reserved(run, call, t=self.t)
