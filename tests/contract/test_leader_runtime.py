@@ -26,7 +26,8 @@ from tests.fake_billing import FakeBilling, use_service
 from tests.isolated import Isolated, running_stack
 from toolledger import Ledger, ProjectorSettings
 from toolledger.leader.runtime_port import LeaderPort
-from toolledger.leader.wiring import runtime_port
+from toolledger.wiring.leader import leader_port
+from toolledger.wiring.stack_port import StackPort
 
 
 async def leaders_registered(port: LeaderPort, partitions: int, timeout: float = 10) -> None:
@@ -47,10 +48,10 @@ async def leader_harness(tmp: Path, isolated: Isolated, **settings: Any) -> Asyn
         ProjectorSettings, verify_keys=SIGNING_KEY.verify_keys(), verdict_timeout_s=5, **settings
     )
     async with running_stack(on) as stack:
-        port = runtime_port(stack, on)
+        port = leader_port(StackPort(stack), on)
         assert isinstance(port, LeaderPort)
         await leaders_registered(port, on.partitions)
-        ledger = Ledger.from_stack(stack, verdict_timeout=5, clock=clock, port=port)
+        ledger = Ledger(port, verdict_timeout=5, clock=clock)
         try:
             yield Harness(ledger, stack, service, clock, tmp, on)
             # Every runtime request of the harness's own runtime was the leader's to answer.

@@ -16,7 +16,7 @@ from typing import Any
 
 from tests.integration.procs import until
 from toolledger.settings import ProjectorSettings, load_settings
-from toolledger.stack import LedgerStack
+from toolledger.wiring.stack import LedgerStack
 
 
 async def main() -> None:

@@ -30,10 +30,11 @@ from toolledger.events.records import Verdict
 from toolledger.leader.frames import Kind, encode_frame
 from toolledger.leader.runtime_port import LeaderPort
 from toolledger.leader.server import LeaderServer
-from toolledger.leader.wiring import runtime_port
 from toolledger.projections.migrations import quote_ident
 from toolledger.settings import ProjectorSettings
-from toolledger.stack import LedgerStack
+from toolledger.wiring.leader import leader_port
+from toolledger.wiring.stack import LedgerStack
+from toolledger.wiring.stack_port import StackPort
 
 
 def _settings(isolated: Isolated, **fields: Any) -> ProjectorSettings:
@@ -43,7 +44,7 @@ def _settings(isolated: Isolated, **fields: Any) -> ProjectorSettings:
 @asynccontextmanager
 async def _runtime(stack: LedgerStack, settings: ProjectorSettings) -> AsyncIterator[LeaderPort]:
     """A runtime's `LeaderPort` on `stack`, once every partition has a leader registered."""
-    port = runtime_port(stack, settings)
+    port = leader_port(StackPort(stack), settings)
     assert isinstance(port, LeaderPort)
     try:
         yield port

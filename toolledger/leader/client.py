@@ -30,7 +30,7 @@ from toolledger.leader.frames import (
     read_frame,
 )
 from toolledger.leader.provenance import LeaderReads
-from toolledger.projections.dberrors import DATABASE_ERRORS
+from toolledger.projections.dberrors import database_errors
 
 log = logging.getLogger("toolledger.leader")
 
@@ -158,7 +158,7 @@ class LeaderDirectory:
                 return
             try:
                 self._addresses = await self._reads.leaders()
-            except DATABASE_ERRORS as exc:
+            except database_errors() as exc:
                 log.info("cannot read where the leaders are (%s); direct path for now", exc)
                 self._addresses = {}
             self._read_at = time.monotonic()

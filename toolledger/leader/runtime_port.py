@@ -39,7 +39,8 @@ from toolledger.leader.client import LeaderDirectory
 from toolledger.leader.frames import Frame, Kind
 from toolledger.leader.server import runtime_may_append
 from toolledger.runtime.port import CallQuery, RuntimePort
-from toolledger.runtime.stack_port import StackPort
+from toolledger.wiring.stack import LedgerStack
+from toolledger.wiring.stack_port import StackPort
 
 #: Seconds a leader has to answer before the call takes the direct path.
 DEFAULT_BOUND = 1.0
@@ -59,6 +60,11 @@ class LeaderPort(RuntimePort):
         self._answered: dict[uuid.UUID, Verdict] = {}
         #: Requests the leader answered, and those that took the direct path instead.
         self.stats = {"leader": 0, "direct": 0}
+
+    @property
+    def stack(self) -> LedgerStack:
+        """The stack of the direct path (its owner closes it)."""
+        return self.direct.stack
 
     @property
     def limits(self) -> PayloadLimits:

@@ -46,7 +46,7 @@ from toolledger.leader.frames import (
 )
 from toolledger.leader.partition import LeaderPartition, Needs, Superseded
 from toolledger.leader.provenance import LeaderReads
-from toolledger.projections.dberrors import DATABASE_ERRORS
+from toolledger.projections.dberrors import database_errors
 from toolledger.projections.following import PartitionFollower
 
 log = logging.getLogger("toolledger.leader")
@@ -122,7 +122,7 @@ class LeaderServer(PartitionFollower):
                     f"partition {partition} moved past {next_offset} before this "
                     "leader could register"
                 )
-        except DATABASE_ERRORS as exc:
+        except database_errors() as exc:
             state.supersede(f"could not register as leader of partition {partition} ({exc})")
 
     async def folding(
@@ -168,7 +168,7 @@ class LeaderServer(PartitionFollower):
         if appender is None:
             return
         await appender.close()
-        with contextlib.suppress(*DATABASE_ERRORS):
+        with contextlib.suppress(*database_errors()):
             await self.reads.unregister(partition, self.address)
 
     # -- connections -------------------------------------------------------------------------

@@ -168,7 +168,7 @@ class LedgerStack:
         projector = None
         leader = None
         if run_projector:
-            from toolledger.leader.wiring import start_leader  # the leader imports the stack
+            from toolledger.wiring.leader import start_leader  # only where a projector runs
 
             leader = await start_leader(settings, events, verify_keys)
             projector = Projector(

@@ -1,11 +1,11 @@
 """Where the fast path is switched on: a leader beside each projector, a `LeaderPort` per runtime.
 
-The wiring calls these two functions and nothing else of the package, so the rest of the
-codebase does not know leaders exist:
+The rest of the wiring calls these two functions and nothing else of `toolledger.leader`, so
+no other part of the codebase knows leaders exist:
 
 - `start_leader` gives a projector process its `LeaderServer` (the projector's
   `PartitionFollower`) unless `TOOLLEDGER_LEADER_LISTEN=off`.
-- `runtime_port` gives a runtime on Kafka and PostgreSQL its port: a `LeaderPort` over the
+- `leader_port` gives a runtime on Kafka and PostgreSQL its port: a `LeaderPort` over the
   direct path unless `TOOLLEDGER_LEADER=off`. With no leader registered it behaves as the direct
   path, so it is the default wherever a leader may be up; the embedded (memory) stack keeps the
   direct path, having no network to save.
@@ -19,10 +19,8 @@ from toolledger.leader.client import LeaderDirectory
 from toolledger.leader.provenance import LeaderReads
 from toolledger.leader.runtime_port import LeaderPort
 from toolledger.leader.server import LeaderServer
-from toolledger.runtime.port import RuntimePort
-from toolledger.runtime.stack_port import StackPort
 from toolledger.settings import Settings
-from toolledger.stack import LedgerStack
+from toolledger.wiring.stack_port import StackPort
 
 
 async def start_leader(
@@ -47,10 +45,10 @@ async def start_leader(
     return server
 
 
-def runtime_port(stack: LedgerStack, settings: Settings | None) -> RuntimePort:
-    """The port a runtime on `stack` uses: the fast path unless it is off or not possible."""
-    direct = StackPort(stack)
-    if settings is None or settings.leader == "off" or settings.database_url is None:
+def leader_port(direct: StackPort, settings: Settings) -> StackPort | LeaderPort:
+    """The port a runtime uses over `direct`: the fast path unless it is off or not possible."""
+    stack = direct.stack
+    if settings.leader == "off" or settings.database_url is None:
         return direct
     reads = LeaderReads(settings.database_url, settings.schema_name)
     port = LeaderPort(
