@@ -22,11 +22,15 @@ import asyncpg
 import pytest
 
 from tests import builders as b
+from tests.contract.runtime_harness import ARGS
+from tests.fake_billing import FakeBilling, use_service
 from tests.integration.procs import Procs, toolledger_env, until
 from tests.isolated import Isolated, running_stack
+from tests.pipelined_tools import credit
+from toolledger import Ledger
 from toolledger.events.codec import encode
 from toolledger.events.models import Event
-from toolledger.events.records import Verdict
+from toolledger.events.records import CallRecord, Verdict
 from toolledger.leader.frames import Kind, encode_frame
 from toolledger.leader.runtime_port import LeaderPort
 from toolledger.leader.server import LeaderServer
@@ -212,3 +216,39 @@ async def test_reads_of_a_key_come_from_the_leaders_memory(
         assert json.loads(record.model_dump_json())["reservation_id"] == str(
             reserved.reservation_id
         )
+
+
+async def test_a_pipelined_call_runs_on_the_leaders_answers_while_no_commit_lands(
+    isolated: Isolated, tmp_path: Path
+) -> None:
+    """A pipelined call must run on the leader's acknowledgement and verdicts alone: with every
+    projector commit held it still completes, one credit made; and once the commits land, the
+    ledger records the same completed call (the answers were the log's)."""
+    settings = _settings(isolated)
+    service = use_service(FakeBilling(tmp_path / "billing.db"))
+    async with running_stack(settings) as stack, _runtime(stack, settings) as port:
+        await _all_led(port, settings.partitions)
+        apply_written, released = stack.store.apply_written, asyncio.Event()
+
+        async def held(*args: Any, **kwargs: Any) -> Any:
+            await released.wait()
+            return await apply_written(*args, **kwargs)
+
+        stack.store.apply_written = held  # type: ignore[method-assign]
+        ledger = Ledger(port, verdict_timeout=5)
+        outcome = await ledger.call(
+            credit, run_id="r-pipe", tool_call_id="c1", tenant_id="acme", arguments=ARGS
+        )
+        assert outcome.status == "completed" and await stack.store.get_call("r-pipe:c1") is None
+        assert port.stats == {"leader": 2, "direct": 0}
+        released.set()
+        record = await until(
+            lambda: _completed(stack, "r-pipe:c1"), timeout=30, what="the committed call"
+        )
+        assert record.version == 2 and service.effects() == 1
+        await ledger.close()
+
+
+async def _completed(stack: LedgerStack, key: str) -> CallRecord | None:
+    record = await stack.store.get_call(key)
+    return record if record is not None and record.status == "completed" else None
