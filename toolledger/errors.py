@@ -34,6 +34,7 @@ __all__ = ["CATALOGUE", "ExitStatus", "LedgerUnavailable", "ToolLedgerError", "s
 CATALOGUE: dict[str, tuple[str, str]] = {
     "AgentConfigError": ("toolledger.runtime.agents", "agent_config"),
     "ApiError": ("toolledger.api.auth", "api_error"),
+    "Behind": ("toolledger.leader.partition", "leader_behind"),
     "CommandFailed": ("toolledger.cli.entry", "command_failed"),
     "ConfigError": ("toolledger.settings", "config_error"),
     "Conflict": ("toolledger.api.errors", "conflict"),

@@ -73,8 +73,8 @@ def test_a_bad_leader_setting_stops_startup_naming_it(
     field: str, value: object, variable: str
 ) -> None:
     """A leader setting that cannot work must be a `ConfigError` naming its variable."""
+    overrides: dict[str, object] = {field: value}
     with pytest.raises(ConfigError, match=variable):
-        overrides: dict[str, object] = {field: value}
         load_settings(None, **overrides)
 
 

@@ -22,6 +22,7 @@ Each is answered as such (`Answer`), and the runtime awaits the durable verdict 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Coroutine, Sequence
@@ -44,6 +45,9 @@ log = logging.getLogger("toolledger.leader")
 PRODUCE_BOUND = 5.0
 #: Seconds the records before an acknowledged offset may take to be fetched.
 GAP_BOUND = 2.0
+#: Seconds after its last request that a partition's memory stops following the projector's
+#: batches (`LeaderPartition.skip`): a partition nobody asks costs the projector nothing.
+IDLE_AFTER = 30.0
 
 Load = Callable[[int, Needs, int], Coroutine[Any, Any, Loaded]]
 
@@ -111,9 +115,18 @@ class PartitionAppender:
         self._gaps = gaps
         self._queue: list[_Request] = []
         self._flusher: asyncio.Task[None] | None = None
+        self._asked = -IDLE_AFTER
+
+    def in_use(self) -> bool:
+        """Whether a runtime asked for this partition in the last `IDLE_AFTER` seconds."""
+        return time.monotonic() - self._asked < IDLE_AFTER
+
+    def asked(self) -> None:
+        self._asked = time.monotonic()
 
     async def submit(self, event: Event, data: bytes) -> Answer:
         """Append `event` (encoded as `data`) in the next batch; its answer once proven."""
+        self.asked()
         request = _Request(event, data, asyncio.get_running_loop().create_future())
         self._queue.append(request)
         if self._flusher is None or self._flusher.done():
@@ -121,11 +134,13 @@ class PartitionAppender:
         return await request.answer
 
     async def close(self) -> None:
+        """Stop; whatever is queued or in flight is answered `UNAVAILABLE` (it may have been
+        appended: the runtime resends it on the direct path, with the same event_id)."""
         if self._flusher is not None:
             self._flusher.cancel()
-        for request in self._queue:
-            if not request.answer.done():
-                request.answer.set_result(Answer(Kind.UNAVAILABLE, detail="the leader stopped"))
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._flusher
+        _answer_all(self._queue, Answer(Kind.UNAVAILABLE, detail="the leader stopped"))
 
     async def ensure_known(self, items: Sequence[Item]) -> None:
         """Load what memory lacks to fold `items` (call it holding `lock`)."""
@@ -140,6 +155,9 @@ class PartitionAppender:
             batch, self._queue = self._queue, []
             try:
                 answers = await self._prove(batch)
+            except asyncio.CancelledError:
+                _answer_all(batch, Answer(Kind.UNAVAILABLE, detail="the leader stopped"))
+                raise
             except Superseded as exc:
                 answers = [Answer(Kind.APPENDED, detail=str(exc))] * len(batch)
             except Exception as exc:  # never let one batch take the leader down
@@ -209,3 +227,9 @@ class PartitionAppender:
                     "partition count"
                 )
         return list(positions)
+
+
+def _answer_all(requests: list[_Request], answer: Answer) -> None:
+    for request in requests:
+        if not request.answer.done():
+            request.answer.set_result(answer)

@@ -48,6 +48,13 @@ class Superseded(ToolLedgerError):
     code = "leader_superseded"
 
 
+class Behind(Superseded):
+    """Memory skipped a batch (`LeaderPartition.skip`) and waits for its commit to start
+    afresh; until then nothing can be proven from it (the answer is "await the durable one")."""
+
+    code = "leader_behind"
+
+
 @dataclass(frozen=True)
 class Needs:
     """What PostgreSQL must be asked before some records can be folded."""
@@ -87,6 +94,8 @@ class LeaderPartition:
         self.pending: int | None = None
         self._commits = {next_offset}
         self.superseded: str | None = None
+        #: Set by `skip`: memory is missing a batch the projector is committing.
+        self.behind = False
         self.generation = 0
         self._verify = keys
         self._fold = LedgerFold(keys=keys)
@@ -147,8 +156,7 @@ class LeaderPartition:
         and answered after it. Every commit since `horizon` was a compare-and-set from the one
         before, so the offset moved through exactly those values while this process owned it.
         """
-        if self.superseded is not None:
-            raise Superseded(self.superseded)
+        self.check_current()
         if stored not in self._commits and stored != self.pending:
             self.supersede(
                 f"partition {self.partition}: PostgreSQL holds next offset {stored}, but this "
@@ -159,13 +167,22 @@ class LeaderPartition:
     def supersede(self, why: str) -> None:
         self.superseded = why
 
+    def check_current(self) -> None:
+        """`Superseded` (or `Behind`) unless memory may answer now."""
+        if self.superseded is not None:
+            raise Superseded(self.superseded)
+        if self.behind:
+            raise Behind(
+                f"partition {self.partition}: memory skipped the batch up to {self.pending}, "
+                "which is being committed; await the durable verdict"
+            )
+
     # -- folding ----------------------------------------------------------------------------
 
     def fold(self, items: Sequence[Item], end: int) -> None:
         """Fold the records of `[start, end)` not folded yet; `items` are in offset order and
         start at or before `next`. Everything they name must be known (`needs` is empty)."""
-        if self.superseded is not None:
-            raise Superseded(self.superseded)
+        self.check_current()
         if items and items[0].offset > self.next:
             raise ValueError(
                 f"partition {self.partition}: records from offset {items[0].offset} cannot be "
@@ -204,6 +221,14 @@ class LeaderPartition:
         """The projector is about to commit up to `end` (all of it folded here already)."""
         self.pending = end
 
+    def skip(self, end: int) -> None:
+        """The projector is about to commit up to `end` and memory will not fold it (nobody
+        asked this leader for a while: folding every batch twice would only cost the projector).
+        Until that commit, nothing is answered from memory (`Behind`); after it, memory starts
+        empty at `end`."""
+        self.pending = end
+        self.behind = True
+
     def committed_to(self, end: int) -> None:
         """The projector committed up to `end`; memory may be dropped if it is all committed."""
         self.committed = end
@@ -213,7 +238,9 @@ class LeaderPartition:
             self._commits = set(sorted(self._commits)[-1024:])
         fold = self._fold
         size = len(fold.calls) + len(fold.runs) + len(fold.verdicts)
-        if self.next == end and size > MEMORY_CAP:
+        if self.behind or (self.next == end and size > MEMORY_CAP):
+            self.behind = False
+            self.next = end
             self._fold = LedgerFold(keys=self._verify)
             self._keys.clear()
             self._runs.clear()

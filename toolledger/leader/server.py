@@ -44,7 +44,7 @@ from toolledger.leader.frames import (
     encode_frame,
     read_frame,
 )
-from toolledger.leader.partition import LeaderPartition, Needs, Superseded
+from toolledger.leader.partition import Behind, LeaderPartition, Needs, Superseded
 from toolledger.leader.provenance import LeaderReads
 from toolledger.projections.dberrors import database_errors
 from toolledger.projections.following import PartitionFollower
@@ -100,7 +100,7 @@ class LeaderServer(PartitionFollower):
         for task in list(self._tasks):
             task.cancel()
         for partition in list(self._led):
-            await self._stand_down(partition)
+            await self._stand_down(partition, self._led.pop(partition))
         await self._gaps.close()
         await self.reads.close()
 
@@ -138,7 +138,9 @@ class LeaderServer(PartitionFollower):
         state = appender.state
         try:
             async with appender.lock:
-                if state.superseded is None:
+                if state.superseded is None and not appender.in_use():
+                    state.skip(next_offset)
+                elif state.superseded is None:
                     await appender.ensure_known([i for i in items if i.offset >= state.next])
                     state.fold(items, next_offset)
                     state.committing(next_offset)
@@ -158,18 +160,18 @@ class LeaderServer(PartitionFollower):
             appender.state.committed_to(next_offset)
 
     def released(self, partition: int) -> None:
-        appender = self._led.get(partition)
+        appender = self._led.pop(partition, None)
         if appender is not None:
             appender.state.supersede(f"this process no longer projects partition {partition}")
-            self._spawn(self._stand_down(partition))
+            self._spawn(self._stand_down(partition, appender))
 
-    async def _stand_down(self, partition: int) -> None:
-        appender = self._led.pop(partition, None)
-        if appender is None:
-            return
+    async def _stand_down(self, partition: int, appender: PartitionAppender) -> None:
+        """Answer what `appender` still holds, and clear this address from the ownership row
+        unless the partition was taken again meanwhile (the same address registered anew)."""
         await appender.close()
-        with contextlib.suppress(*database_errors()):
-            await self.reads.unregister(partition, self.address)
+        if partition not in self._led:
+            with contextlib.suppress(*database_errors()):
+                await self.reads.unregister(partition, self.address)
 
     # -- connections -------------------------------------------------------------------------
 
@@ -244,14 +246,18 @@ class LeaderServer(PartitionFollower):
         appender = self._leading(partition)
         if appender is None:
             return Kind.NOT_LEADER, json.dumps({"partition": partition}).encode()
+        appender.asked()
         try:
             async with appender.lock:
                 state = appender.state
+                state.check_current()
                 if not state.knows(key):
                     needs = Needs(keys=frozenset({key}))
                     state.learn(await self.reads.load(partition, needs, state.generation))
                 record = state.call(key)
                 known = state.knows(key)
+        except Behind:
+            return Kind.NOT_KNOWN, b""
         except Superseded:
             return Kind.NOT_LEADER, json.dumps({"partition": partition}).encode()
         if not known or (record is not None and record.run_id != run_id):
