@@ -13,5 +13,6 @@ fast path") tells the design; the modules, in the order a request meets them:
 - `appender`: batching, one produce per batch, the offset proof, the gap fetch.
 - `partition`: the pure fold with known provenance that the proof rests on.
 - `provenance`: rows read with the partition's stored offset; the leader's registration.
-- `wiring`: where settings switch it on.
+
+Settings switch it on in `toolledger.wiring.leader`, the one place the rest of the code meets it.
 """

@@ -20,7 +20,8 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
+from typing import Any
 
 from toolledger.events.codec import DecodeError, decode
 from toolledger.events.fold import DeadLetter, Positioned
@@ -86,6 +87,7 @@ class LeaderServer(PartitionFollower):
         self._led: dict[int, PartitionAppender] = {}
         self._gaps = GapReader(events, keys)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._writers: set[asyncio.StreamWriter] = set()
         self.address = ""
 
     async def start(self) -> None:
@@ -97,6 +99,8 @@ class LeaderServer(PartitionFollower):
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
+        for writer in list(self._writers):
+            writer.close()
         for task in list(self._tasks):
             task.cancel()
         for partition in list(self._led):
@@ -175,13 +179,14 @@ class LeaderServer(PartitionFollower):
 
     # -- connections -------------------------------------------------------------------------
 
-    def _spawn(self, coro: object) -> None:
-        task = asyncio.ensure_future(coro)  # type: ignore[call-overload]
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def _connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
+        self._writers.add(writer)
         try:
             while True:
                 frame = await read_frame(reader, self.max_body)
@@ -193,6 +198,7 @@ class LeaderServer(PartitionFollower):
         except (asyncio.IncompleteReadError, ConnectionError) as exc:
             log.info("connection from %s ended inside a frame (%s)", peer, exc)
         finally:
+            self._writers.discard(writer)
             writer.close()
 
     def _request(self, frame: Frame) -> Event | tuple[str, str]:
