@@ -45,7 +45,10 @@ async def leader_harness(tmp: Path, isolated: Isolated, **settings: Any) -> Asyn
     clock = Clock()
     service = use_service(FakeBilling(tmp / "billing.db"))
     on = isolated.settings(
-        ProjectorSettings, verify_keys=SIGNING_KEY.verify_keys(), verdict_timeout_s=5, **settings
+        ProjectorSettings,
+        verify_keys=SIGNING_KEY.verify_keys(),
+        verdict_timeout_s=5,
+        **{"leader": "auto", **settings},
     )
     async with running_stack(on) as stack:
         port = leader_port(StackPort(stack), on)

@@ -42,7 +42,8 @@ from toolledger.wiring.stack_port import StackPort
 
 
 def _settings(isolated: Isolated, **fields: Any) -> ProjectorSettings:
-    return isolated.settings(ProjectorSettings, verify_keys=b.KEYS, **fields)
+    """The test's settings, runtimes on the fast path (`TOOLLEDGER_LEADER=auto`)."""
+    return isolated.settings(ProjectorSettings, verify_keys=b.KEYS, **{"leader": "auto", **fields})
 
 
 @asynccontextmanager

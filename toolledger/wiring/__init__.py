@@ -5,9 +5,9 @@ sits behind it is chosen here, and only here, from what the process was given:
 
 - `memory_port()`: the embedded ledger (memory log, memory store, an in-process projector).
   It loads neither aiokafka nor asyncpg.
-- `connect_port(settings)`: Kafka and PostgreSQL: the leader fast path (`LeaderPort`, over the
-  direct path it falls back to) unless `TOOLLEDGER_LEADER=off`, then the direct path
-  (`StackPort`) alone. `toolledger.wiring.leader` says how.
+- `connect_port(settings)`: Kafka and PostgreSQL: the direct path (`StackPort`), or with
+  `TOOLLEDGER_LEADER=auto` the leader fast path (`LeaderPort`, over the direct path it falls
+  back to). `toolledger.wiring.leader` says how.
 
 Each port keeps the `LedgerStack` under it (`port.stack`), for whoever must close it. The stack's
 parts live in this package too: `stack` (`LedgerStack`), `stack_port` (`StackPort`) and
