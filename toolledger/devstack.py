@@ -36,10 +36,6 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args
 from urllib.parse import urlsplit
 
-import asyncpg
-from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.errors import KafkaError
-
 from toolledger.errors import ToolLedgerError
 
 __all__ = [
@@ -409,6 +405,8 @@ def _run_pg_tool(tool: Path, args: list[str], user: str | None, log: Path, timeo
 
 
 async def _postgres_answers(url: str, seconds: float) -> bool:
+    import asyncpg  # here, not at the top: `toolledger dev --help` must not load it
+
     try:
         conn = await asyncpg.connect(url, timeout=seconds)
     except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError):
@@ -420,6 +418,9 @@ async def _postgres_answers(url: str, seconds: float) -> bool:
 
 
 async def _kafka_answers(bootstrap: str, seconds: float) -> bool:
+    from aiokafka.admin import AIOKafkaAdminClient
+    from aiokafka.errors import KafkaError
+
     admin = AIOKafkaAdminClient(
         bootstrap_servers=bootstrap,
         client_id="toolledger-devstack",

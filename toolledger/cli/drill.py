@@ -16,14 +16,17 @@ import signal
 import sys
 from collections.abc import Coroutine
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from toolledger.cli.entry import CommandFailed, ExitStatus, configure_logging
-from toolledger.drill.run import DrillConfig, DrillReport, run_drill
 from toolledger.drill.summary import render
+
+if TYPE_CHECKING:
+    from toolledger.drill.run import DrillConfig, DrillReport
 
 
 @click.command()
@@ -107,6 +110,8 @@ def drill(
     home: Path | None,
 ) -> None:
     """Kill runtimes, projectors and reconcilers at random points, then check the ledger."""
+    from toolledger.drill.run import DrillConfig
+
     configure_logging(logging.WARNING)
     absorbable = kill_capacity(runs, calls_per_run)
     if kills > absorbable:
@@ -159,6 +164,8 @@ def kill_capacity(runs: int, calls: int) -> int:
 
 
 def _run(config: DrillConfig, console: Console) -> DrillReport:
+    from toolledger.drill.run import run_drill
+
     columns = (
         TextColumn("[progress.description]{task.description}"),
         BarColumn(),

@@ -10,7 +10,7 @@ import asyncio
 import sys
 from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
@@ -20,18 +20,18 @@ from toolledger.audit import as_of_targets, story
 from toolledger.cli import entry
 from toolledger.cli.entry import ExitStatus
 from toolledger.events.fold import HistoryEntry, broken_chains
-from toolledger.events.kafka import KafkaLog
 from toolledger.events.signing import VerifyKeys
 from toolledger.projections.memory import MemoryLedger
-from toolledger.projections.postgres import PostgresLedger
 from toolledger.projections.replay import ReplayReport, compare, copy_blobs, replay
-from toolledger.projections.replay_processes import (
-    replay_in_memory,
-    replay_in_processes,
-    replay_into_memory,
-)
 from toolledger.projections.store import CallQuery, LedgerStore
 from toolledger.settings import ProjectorSettings, Settings, load_settings
+
+if TYPE_CHECKING:
+    from toolledger.events.kafka import KafkaLog
+    from toolledger.projections.postgres import PostgresLedger
+
+# The Kafka log and the PostgreSQL ledger (aiokafka, asyncpg) are imported by the commands that
+# read them: `--help` must not load them.
 
 _console = entry.console()
 _T = TypeVar("_T")
@@ -45,6 +45,8 @@ def _run(body: Callable[[ProjectorSettings], Coroutine[object, object, _T]]) -> 
 
 async def _store(settings: Settings, schema: str | None = None) -> PostgresLedger:
     """The live ledger (`schema` None: read only, no keys) or a replay target (with keys)."""
+    from toolledger.projections.postgres import PostgresLedger
+
     database_url, _ = settings.require_services()
     keys = VerifyKeys()
     if schema is not None and isinstance(settings, ProjectorSettings):
@@ -172,6 +174,14 @@ def replay_command(into: str | None, verify: bool, processes: int) -> None:
     where = into or "memory"
 
     async def body(settings: ProjectorSettings) -> ReplayReport:
+        from toolledger.events.kafka import KafkaLog
+        from toolledger.projections.postgres import PostgresLedger
+        from toolledger.projections.replay_processes import (
+            replay_in_memory,
+            replay_in_processes,
+            replay_into_memory,
+        )
+
         keys = settings.require_verify_keys()
         _console.print(
             f"verifying operator signatures with TOOLLEDGER_VERIFY_KEYS: {keys.describe()}",
@@ -288,6 +298,8 @@ def audit_command(
     run = run_id or str(key).split(":", 1)[0]
 
     async def body(settings: Settings) -> int:
+        from toolledger.events.kafka import KafkaLog
+
         _, bootstrap = settings.require_services()
         log = KafkaLog(bootstrap, settings.events_topic)
         await log.start()

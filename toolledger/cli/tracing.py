@@ -23,14 +23,14 @@ import json
 import os
 from typing import Any
 
-from toolledger.settings import ConfigError
-
 EXPORTERS = ("none", "console", "otlp")
 
 
 def configure_tracing(command: str) -> bool:
     """Install the SDK's tracer provider as `OTEL_TRACES_EXPORTER` asks; True if it did."""
     choice = os.environ.get("OTEL_TRACES_EXPORTER", "none").strip().lower() or "none"
+    from toolledger.settings import ConfigError  # here: every command, --help too, runs this
+
     if choice not in EXPORTERS:
         raise ConfigError(
             f"OTEL_TRACES_EXPORTER={choice!r} is not one of {', '.join(EXPORTERS)}; toolledger "
@@ -56,6 +56,8 @@ def configure_tracing(command: str) -> bool:
 
 
 def _exporter(choice: str) -> Any:
+    from toolledger.settings import ConfigError
+
     if choice == "console":
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
