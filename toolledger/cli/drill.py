@@ -82,7 +82,11 @@ if TYPE_CHECKING:
     help="End with a reset of a private broker (projectors must stop, runtimes fail closed).",
 )
 @click.option(
-    "--timeout", default=3600.0, show_default=True, help="Give up (a violation) after this long."
+    "--timeout",
+    type=click.FloatRange(min=1),
+    default=None,
+    help="Seconds before the drill gives up and reports a time-out [default: 600 + 2 per step "
+    "(runs x (calls + 1)) + 1 per kill: 1,300 s for the defaults].",
 )
 @click.option("--keep", is_flag=True, help="Keep the schema, topics and the drill's files.")
 @click.option(
@@ -105,7 +109,7 @@ def drill(
     reconciler_kill_every: float,
     postgres_restarts: int,
     broker_reset: bool,
-    timeout: float,
+    timeout: float | None,
     keep: bool,
     home: Path | None,
 ) -> None:
@@ -153,6 +157,12 @@ def drill(
             console.print(f"files: {report.home}; schema {report.schema}")
         return
     names = ", ".join(c.name for c in report.violations)
+    if report.dispatch.timed_out:
+        console.print(
+            f"[red]TIMED OUT[/] after {config.time_limit:.0f} s; checks not met: {names}. "
+            f"Seed {seed}; logs in {report.home}"
+        )
+        sys.exit(ExitStatus.NO)
     console.print(f"[red]VIOLATED[/]: {names}. Seed {seed}; logs in {report.home}")
     sys.exit(ExitStatus.NO)
 

@@ -77,9 +77,29 @@ class DrillConfig:
     listen_kill_every: float = 5.0
     postgres_restarts: int = 0
     broker_reset: bool = False
-    timeout: float = 1800.0
+    #: Seconds before the drill gives up (None: `default_timeout` of its size).
+    timeout: float | None = None
     keep: bool = False
     home: Path | None = None
+
+    @property
+    def time_limit(self) -> float:
+        return self.timeout if self.timeout is not None else default_timeout(self)
+
+
+#: Per step of a run (a model call or a tool call) and per kill: about five times what they cost
+#: on a two-core machine that also runs the suite, so a machine 2.5 times slower still finishes
+#: (the long drill, 1000 runs and 2000 kills, ran out of a fixed hour at 426 runs on one).
+SECONDS_PER_STEP = 2.0
+SECONDS_PER_KILL = 1.0
+#: Starting the processes, the quiesce and the re-fold, whatever the size.
+SECONDS_FIXED = 600.0
+
+
+def default_timeout(config: DrillConfig) -> float:
+    """How long a drill of this size may take before it gives up: it follows the work."""
+    steps = config.runs * (config.calls + 1)
+    return SECONDS_FIXED + SECONDS_PER_STEP * steps + SECONDS_PER_KILL * config.kills
 
 
 @dataclass
@@ -213,7 +233,7 @@ class _Drill:
                     double_drive_rate=self.config.double_drive_rate,
                     dup_rate=self.config.dup_rate,
                     slow_rate=self.config.slow_rate,
-                    deadline=started + self.config.timeout,
+                    deadline=started + self.config.time_limit,
                 ),
                 procs,
                 db,
@@ -326,12 +346,13 @@ class _Drill:
             listed_at_end=listed,
             refold=refold,
             poison=chaos.tally.poison,
-            kills=dispatcher.kills_done,
+            kills=dispatch.kills,
             kills_requested=self.config.kills,
             unattributed_kills=dispatch.kills["unattributed"],
-            errors=dispatch.errors
-            + chaos.errors
-            + (["the drill timed out"] if dispatch.timed_out else []),
+            errors=dispatch.errors + chaos.errors,
+            kill_kinds=dispatcher.kill_kinds,
+            timeout=self.config.time_limit,
+            timed_out=dispatch.timed_out,
             zombies=chaos.tally.zombies,
             zombies_stood_down=chaos.tally.zombies_stood_down,
             identity_stops=chaos.tally.identity_stops,

@@ -74,7 +74,7 @@ def checks_table(report: DrillReport) -> Table:
     table.add_column("result")
     table.add_column("evidence", overflow="fold")
     for check in report.checks:
-        table.add_row(check.name, "ok" if check.ok else "VIOLATED", check.detail)
+        table.add_row(check.name, "ok" if check.ok else check.failed_as, check.detail)
     return table
 
 
