@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -10,12 +11,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _demo(*args: str) -> subprocess.CompletedProcess[str]:
+def _demo(*args: str, columns: str | None = "160") -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLLEDGER_")}
+    env.pop("COLUMNS", None)
     return subprocess.run(
         [sys.executable, "-m", "toolledger", "demo", *args],
         cwd=ROOT,
-        env={**env, "COLUMNS": "160"},
+        env=env if columns is None else {**env, "COLUMNS": columns},
         capture_output=True,
         text=True,
         timeout=120,
@@ -51,6 +53,17 @@ def test_the_demo_names_keys_one_way_shows_reasons_and_prints_each_outcome_once(
     assert out.count("completed/reconcile") == 2  # the record line and the summary, once each
     assert "outcomes: {" not in out
     assert "billing received 3 credit requests" in out and "1 voided by the compensation" in out
+
+
+def test_the_demo_piped_off_a_terminal_splits_no_key_or_event_name() -> None:
+    """`toolledger demo | less` folded its tables into 80 columns: "demo-run:credi" over
+    "t-2", "call_indetermi" over "nate"."""
+    out = _demo(columns=None).stdout
+    for n in "1234":
+        assert f"│ demo-run:credit-{n} reserved" in out
+    for event in ("call_indeterminate", "compensation_requested", "call_compensated"):
+        assert f"│ {event} " in out
+    assert re.search(r"demo-run:[^\s│]*[^\d\s│]\s*│", out) is None, out
 
 
 def test_penny_pays_twice_without_the_ledger_and_once_with_it() -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
+from toolledger.cli import entry
 from toolledger.cli.entry import CommandFailed, ExitStatus
 
 
@@ -35,7 +36,9 @@ def demo(which: str, stack: bool) -> None:
             "`pip install -e .` (make demo does)",
             ExitStatus.USAGE,
         ) from exc
-    console = Console()
+    # Piped, 120 columns: wide enough that no key or event name is split, narrow enough for
+    # the demo's rules (a pipe's usual 2,000 would draw each across a screen).
+    console = entry.console(pipe_width=120)
     if which == "penny":
         unguarded, guarded = asyncio.run(bot.main(console))
         sys.exit(ExitStatus.OK if (unguarded, guarded) == (2, 1) else ExitStatus.NO)

@@ -22,6 +22,7 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from toolledger.cli import entry
 from toolledger.cli.entry import CommandFailed, ExitStatus, configure_logging
 from toolledger.drill.summary import render
 
@@ -143,7 +144,7 @@ def drill(
         keep=keep,
         home=home,
     )
-    console = Console()
+    console = entry.console()
     try:
         report = _run(config, console)
     except asyncio.CancelledError:

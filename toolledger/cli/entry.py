@@ -53,6 +53,10 @@ _LOG_FORMAT = "%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s"
 #: logs "Updating subscribed topics" each time a consumer is assigned, which the projector's
 #: identity check does every `TOOLLEDGER_IDENTITY_CHECK_S`.
 _CHATTY = ("aiokafka.consumer.subscription_state",)
+#: faust's, mode's and aiokafka's group loggers: about seventy INFO lines at every start of a
+#: faust worker (each service "Starting...", each table recovered, each step of the group join)
+#: that buried the worker's own lines, which say what it owns. Shown at DEBUG, else from WARNING.
+_START_UP = ("faust", "mode", "aiokafka.consumer.group_coordinator", "aiokafka.consumer.consumer")
 
 
 class CommandFailed(ToolLedgerError):
@@ -132,7 +136,7 @@ def message(exc: BaseException) -> str:
     from toolledger.events.log import LogIdentityError
 
     if isinstance(exc, NotFound):
-        return f"not found: {exc.message}"
+        return f"not found: {exc.message}; list them with `toolledger executions list`"
     if isinstance(exc, LogIdentityError):
         return f"stopped: {exc}"
     if isinstance(exc, ToolLedgerError):
@@ -167,20 +171,25 @@ def configure_logging(default: int | None = None) -> None:
     root.setLevel(level)
     for chatty in _CHATTY:
         logging.getLogger(chatty).setLevel(max(level, logging.WARNING))
+    for name in _START_UP:
+        logging.getLogger(name).setLevel(
+            level if level <= logging.DEBUG else max(level, logging.WARNING)
+        )
 
 
-def console() -> Console:
+def console(pipe_width: int = _PIPE_WIDTH) -> Console:
     """Rich output for people; cut to the terminal's width only when there is a terminal.
 
     Written to a pipe, a file or a test, rich would fold every table into 80 columns and
     shorten ids and tool names with an ellipsis, so the token id `tokens revoke` needs could
     not be read from `tokens list | cat`. Without a terminal (and without `COLUMNS`) lines are
-    as long as their content.
+    as long as their content (up to `pipe_width`: output with rules, like the demo's, asks for
+    a width a rule can be drawn at).
     """
     shown = Console()
     if shown.is_terminal or os.environ.get("COLUMNS"):
         return shown
-    return Console(width=_PIPE_WIDTH)
+    return Console(width=pipe_width)
 
 
 async def run_worker(app: faust.App) -> None:

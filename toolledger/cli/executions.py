@@ -28,7 +28,7 @@ from rich.table import Table
 from toolledger.cli import entry
 from toolledger.cli.entry import exit_status
 from toolledger.events.models import utcnow
-from toolledger.events.records import CallRecord, CallStatus
+from toolledger.events.records import UNSETTLED, CallRecord, CallStatus
 
 if TYPE_CHECKING:
     from toolledger.api.service import Operator, OperatorService
@@ -153,6 +153,9 @@ def _summary(record: CallRecord) -> str:
     return text
 
 
+#: Statuses in which a call waits for someone (a reconcile hook, an operator, an approver): the
+#: only ones whose age since the last change is a waiting time. A settled call waits for no one.
+_WAITING: frozenset[str] = UNSETTLED | {"awaiting_approval"}
 _SETTLERS = {"runtime": "the runtime", "reconcile": "its reconcile hook", "operator": "an operator"}
 #: Statuses whose record's `error` is why the call stands where it is; in any other status the
 #: error is from before the call was settled (an operator resolved it completed, say).
@@ -225,7 +228,11 @@ def list_command(
         ),
     )
     table = Table(title=f"{len(page.items)} tool executions, longest-waiting first")
-    for column in ("key", "tenant", "tool", "status", "ver", "waiting", "error / reason"):
+    # Keys and tool names are never split over lines (they are copied into the next command);
+    # the rest wraps.
+    for column in ("key", "tenant", "tool"):
+        table.add_column(column, no_wrap=True)
+    for column in ("status", "ver", "waiting", "error / reason"):
         table.add_column(column, overflow="fold")
     for r in page.items:
         table.add_row(
@@ -234,7 +241,7 @@ def list_command(
             r.tool,
             f"{r.status} (contested)" if r.contested else r.status,
             str(r.version),
-            _age(r.updated_at),
+            _age(r.updated_at) if r.status in _WAITING else "-",
             r.reason or (r.error if r.status in _ERROR_IS_CURRENT else None) or "",
         )
     _console.print(table)

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from toolledger.errors import ToolLedgerError
 from toolledger.events.fold import broken_chains
 from toolledger.events.log import EventLog, LogIdentity, LogIdentityError, LogRecord
 from toolledger.events.payloads import OFFLOADABLE, digest_of
@@ -76,12 +77,25 @@ async def replay(
     return report
 
 
+class ReplayTargetInUse(ToolLedgerError, ValueError):
+    """A replay was pointed at a store that already holds a projection: a usage error (pick a
+    new schema), not a log that differs from the ledger's."""
+
+    code = "replay_target_in_use"
+
+
 async def bind_empty(log: EventLog, into: LedgerStore) -> LogIdentity:
-    """Bind `into` to the log's identity; `LogIdentityError` unless it holds no projection."""
+    """Bind `into` to the log's identity; `ReplayTargetInUse` unless it holds no projection."""
     identity = await log.identity()
-    states = await into.bind_log(identity)
+    try:
+        states = await into.bind_log(identity)
+    except LogIdentityError as exc:  # bound to another log: in use all the same
+        raise ReplayTargetInUse(
+            f"the replay target already holds a projection of another log ({exc}); replay "
+            "into a new, empty schema"
+        ) from exc
     if any(state.next_offset != 1 for state in states.values()):
-        raise LogIdentityError(
+        raise ReplayTargetInUse(
             "the replay target already holds a projection; replay into a new, empty schema"
         )
     return identity
