@@ -15,7 +15,6 @@ restarts it mid-drill.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import secrets
@@ -25,11 +24,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import asyncpg
-from aiokafka.admin import AIOKafkaAdminClient
-
 from toolledger.api.service import OperatorService
-from toolledger.devstack import Services
+from toolledger.devstack import Services, remove_namespace
 from toolledger.drill.billing import DrillBilling
 from toolledger.drill.chaos import Chaos, ChaosTally
 from toolledger.drill.checks import Check, Evidence, Tally, judge
@@ -366,23 +362,5 @@ class _Drill:
 
     async def _drop(self) -> None:
         """Drop the drill's schemas and delete its topics (best effort)."""
-        with contextlib.suppress(Exception):
-            conn = await asyncpg.connect(self.services.database_url, timeout=10)
-            try:
-                for schema in (self.schema, f"{self.schema}_refold"):
-                    await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-            finally:
-                await conn.close()
-        admin = AIOKafkaAdminClient(
-            bootstrap_servers=self.services.kafka_bootstrap, request_timeout_ms=5000
-        )
-        with contextlib.suppress(Exception):
-            try:
-                # Bounded by the request timeout, never cancelled: a cancelled start leaks
-                # aiokafka's bootstrap connection (test_devstack.py, the stalling broker).
-                await admin.start()
-                topics = [t for t in await admin.list_topics() if t.startswith(self.prefix)]
-                if topics:
-                    await asyncio.wait_for(admin.delete_topics(topics), 10)
-            finally:
-                await admin.close()
+        services = Services(self.services.database_url, self.services.kafka_bootstrap)
+        await remove_namespace(services, (self.schema, f"{self.schema}_refold"), self.prefix)

@@ -77,6 +77,13 @@ async def replay(
     return report
 
 
+class ReplayStopped(LogIdentityError):
+    """A replay met a record it cannot judge (an unknown key id or schema, a hole) and stopped
+    there; unlike a projector it halts nothing, so it says so in its own words."""
+
+    code = "replay_stopped"
+
+
 class ReplayTargetInUse(ToolLedgerError, ValueError):
     """A replay was pointed at a store that already holds a projection: a usage error (pick a
     new schema), not a log that differs from the ledger's."""
@@ -166,8 +173,8 @@ async def _fold(
     """Decode and apply one partition's records from `start`: the offset reached, how many
     verdicts the batch had, and how many dead letters."""
     batch = decode_records(partition, records, start, into.verify_keys)
-    if batch.halted is not None:
-        raise LogIdentityError(batch.halted)
+    if batch.stopped is not None:
+        raise ReplayStopped(batch.stopped)
     if batch.next_offset <= start:
         return start, 0, 0
     verdicts = await into.apply_batch(partition, start, batch.next_offset, batch.items)
