@@ -31,8 +31,8 @@ from rich.table import Table
 from toolledger.cli import entry
 from toolledger.projections.facts import Fact
 from toolledger.settings import load_settings
-from toolledger.stack import LedgerStack
 from toolledger.subscribe import subscribe
+from toolledger.wiring.stack import LedgerStack
 
 _SETTLED = {"completed", "failed"}
 

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from toolledger.api.errors import OperatorError
     from toolledger.events.codec import DecodeError
     from toolledger.events.log import LogError, LogIdentityError, TopicMissing
+    from toolledger.events.records import CallRecord, RunRecord
     from toolledger.events.signing import SigningKey, VerifyKeys
     from toolledger.runtime.agents import (
         AgentConfig,
@@ -70,6 +71,7 @@ if TYPE_CHECKING:
     )
     from toolledger.runtime.ledger import Ledger
     from toolledger.runtime.outcome import ToolOutcome
+    from toolledger.runtime.port import CallQuery
     from toolledger.runtime.runs import AgentRun, FinalAnswer, RunResult, ToolCallRequest
     from toolledger.runtime.tools import ReconcileOutcome, Tool, ToolExecutionRecord, Toolset
     from toolledger.settings import (
@@ -86,6 +88,7 @@ if TYPE_CHECKING:
 _MODULES: dict[str, tuple[str, ...]] = {
     "toolledger.events.codec": ("DecodeError",),
     "toolledger.events.log": ("LogError", "LogIdentityError", "TopicMissing"),
+    "toolledger.events.records": ("CallRecord", "RunRecord"),
     "toolledger.events.signing": ("SigningKey", "VerifyKeys"),
     "toolledger.runtime.agents": (
         "AgentConfig",
@@ -124,6 +127,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
     ),
     "toolledger.runtime.ledger": ("Ledger",),
     "toolledger.runtime.outcome": ("ToolOutcome",),
+    "toolledger.runtime.port": ("CallQuery",),
     "toolledger.runtime.runs": ("AgentRun", "FinalAnswer", "RunResult", "ToolCallRequest"),
     "toolledger.runtime.tools": ("ReconcileOutcome", "Tool", "ToolExecutionRecord", "Toolset"),
     "toolledger.settings": (
@@ -155,6 +159,8 @@ __all__ = [
     "AgentConfig",
     "AgentConfigError",
     "AgentRun",
+    "CallQuery",
+    "CallRecord",
     "ConfigError",
     "DecodeError",
     "FinalAnswer",
@@ -169,6 +175,7 @@ __all__ = [
     "ProjectorSettings",
     "ReconcileOutcome",
     "RunQuarantined",
+    "RunRecord",
     "RunResult",
     "RunSuperseded",
     "Settings",

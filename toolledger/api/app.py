@@ -52,10 +52,10 @@ from toolledger.api.tokens import MemoryTokens, PostgresTokens, TokenStore
 from toolledger.events.models import utcnow
 from toolledger.projections.postgres import PostgresLedger
 from toolledger.projections.store import LedgerStore
-from toolledger.runtime.stack_port import StackPort
 from toolledger.runtime.tools import Tool
 from toolledger.settings import ConfigError, OperatorSettings
-from toolledger.stack import LedgerStack
+from toolledger.wiring.stack import LedgerStack
+from toolledger.wiring.stack_port import StackPort
 
 StackFactory = Callable[[], Awaitable[LedgerStack]]
 

@@ -22,7 +22,7 @@ async def _run(port: int, group: str | None, session_timeout: float) -> None:
     from toolledger.events.log import TopicMissing
     from toolledger.processors.analytics import Metrics, analytics_app
     from toolledger.settings import load_settings
-    from toolledger.stack import LedgerStack
+    from toolledger.wiring.stack import LedgerStack
 
     settings = load_settings()
     stack = await LedgerStack.connect(settings, create_topics=False)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import click
 
 if TYPE_CHECKING:
-    from toolledger.stack import LedgerStack
+    from toolledger.wiring.stack import LedgerStack
 
 
 @click.command()
@@ -38,7 +38,7 @@ def api(host: str, port: int, tools: tuple[str, ...], log_level: str) -> None:
     from toolledger.api.app import create_app
     from toolledger.api.compensation import load_tools
     from toolledger.settings import OperatorSettings, load_settings
-    from toolledger.stack import LedgerStack
+    from toolledger.wiring.stack import LedgerStack
 
     registry = load_tools(tools) if tools else None
     settings = load_settings(OperatorSettings)

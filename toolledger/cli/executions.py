@@ -81,9 +81,9 @@ def _run(
     from toolledger.api.compensation import RuntimeCompensator, load_tools
     from toolledger.api.errors import Conflict
     from toolledger.api.service import OperatorService
-    from toolledger.runtime.stack_port import StackPort
     from toolledger.settings import OperatorSettings, load_settings
-    from toolledger.stack import LedgerStack
+    from toolledger.wiring.stack import LedgerStack
+    from toolledger.wiring.stack_port import StackPort
 
     async def main(settings: OperatorSettings) -> _T:
         registry = load_tools(tools) if tools else {}

@@ -31,7 +31,8 @@ from toolledger.projections.replay import (
     copy_blobs,
     replay,
 )
-from toolledger.projections.store import CallQuery, LedgerStore
+from toolledger.projections.store import LedgerStore
+from toolledger.runtime.port import CallQuery
 from toolledger.settings import ProjectorSettings, Settings, load_settings
 
 if TYPE_CHECKING:

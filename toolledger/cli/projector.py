@@ -27,7 +27,7 @@ from toolledger.cli.entry import configure_logging
 
 async def _run(status_every: float) -> None:
     from toolledger.settings import ProjectorSettings, load_settings
-    from toolledger.stack import LedgerStack
+    from toolledger.wiring.stack import LedgerStack
 
     settings = load_settings(ProjectorSettings)
     settings.require_verify_keys()

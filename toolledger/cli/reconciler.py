@@ -59,9 +59,9 @@ async def _run(
     from toolledger import telemetry
     from toolledger.events.log import TopicMissing
     from toolledger.processors.reconciler import Reconciler, collect_tools, reconciler_app
-    from toolledger.runtime.stack_port import StackPort
     from toolledger.settings import load_settings
-    from toolledger.stack import LedgerStack
+    from toolledger.wiring.stack import LedgerStack
+    from toolledger.wiring.stack_port import StackPort
 
     settings = load_settings()
     tools = collect_tools(modules)

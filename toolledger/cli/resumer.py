@@ -20,7 +20,7 @@ async def _run(spec: str, group: str | None, session_timeout: float) -> None:
     from toolledger.events.log import TopicMissing
     from toolledger.processors.resumer import Resumer, load_hook, resumer_app
     from toolledger.settings import load_settings
-    from toolledger.stack import LedgerStack
+    from toolledger.wiring.stack import LedgerStack
 
     settings = load_settings()
     hook = load_hook(spec)
