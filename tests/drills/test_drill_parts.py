@@ -296,7 +296,9 @@ def test_a_drill_that_ran_out_of_time_says_so_and_calls_in_flight_are_not_lies()
     checks = {c.name: c for c in judge(evidence)[0]}
     assert _failed(evidence) == {FINISHED}
     assert checks[FINISHED].failed_as == "TIMED OUT"
-    assert "timed out after 1800 s with 0 of 1 runs finished" in checks[FINISHED].detail
+    assert (
+        "timed out after 1800 s with 0 of 1 runs completed in the ledger" in checks[FINISHED].detail
+    )
     assert (
         "in flight at the time-out (1" in checks["the ledger tells the truth about effects"].detail
     )

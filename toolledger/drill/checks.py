@@ -200,7 +200,8 @@ def _runs_finished(ev: Evidence) -> Check:
         return Check(
             "every run finished within the drill's timeout",
             False,
-            f"timed out after {ev.timeout:.0f} s with {done} of {len(ev.runs)} runs finished; "
+            f"timed out after {ev.timeout:.0f} s with {done} of {len(ev.runs)} runs completed "
+            "in the ledger; "
             "the other checks judged what was done by then. Give it longer (--timeout) or "
             "fewer runs",
             failed_as="TIMED OUT",
