@@ -9,6 +9,9 @@ Calls still unknown when the job catches up are counted as open.
 
     python -m examples.unknowns_report        # Kafka + PostgreSQL from the TOOLLEDGER_* variables
 
+Without them (or with services that do not answer) it says so in one line and exits 2 or 3,
+as the `toolledger` commands do.
+
 A long wait for one tool says its reconcile hook cannot tell (or it has none) and the operator
 queue is where its calls go; many unknowns say its timeout is too tight for the system it calls.
 """
@@ -17,14 +20,15 @@ from __future__ import annotations
 
 import asyncio
 import statistics
+import sys
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterable
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from rich.console import Console
 from rich.table import Table
 
+from toolledger.cli import entry
 from toolledger.projections.facts import Fact
 from toolledger.settings import load_settings
 from toolledger.subscribe import subscribe
@@ -85,7 +89,8 @@ async def unknowns_report(facts: AsyncIterable[Fact]) -> dict[str, ToolReport]:
 
 def render(reports: dict[str, ToolReport]) -> Table:
     table = Table(title="unknown calls by tool")
-    for column in ("tool", "reserved", "completed", "failed", "unknown", "settled by"):
+    table.add_column("tool", no_wrap=True)
+    for column in ("reserved", "completed", "failed", "unknown", "settled by"):
         table.add_column(column)
     for column in ("median wait", "worst wait", "still open"):
         table.add_column(column, justify="right")
@@ -110,8 +115,21 @@ async def main() -> None:
         reports = await unknowns_report(subscribe(stack.facts, follow=False))
     finally:
         await stack.close()
-    Console().print(render(reports))
+    entry.console().print(render(reports))
+
+
+def run() -> int:
+    """`main`, with a missing setting or a service that did not answer said in one line (and
+    the exit status of the `toolledger` commands), not as a traceback."""
+    try:
+        asyncio.run(main())
+    except Exception as exc:
+        if not entry.handled(exc):
+            raise
+        print(f"unknowns_report: {entry.message(exc)}", file=sys.stderr)
+        return entry.exit_status(exc)
+    return 0
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    sys.exit(run())

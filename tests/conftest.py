@@ -22,7 +22,6 @@ Long persistence drills (`@pytest.mark.drill`, e.g. the 1000-run drill) run only
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import shutil
 import signal
@@ -34,7 +33,6 @@ from pathlib import Path
 import asyncpg
 import hypothesis
 import pytest
-from aiokafka.admin import AIOKafkaAdminClient
 
 from tests import tracing_support
 from tests.isolated import Isolated
@@ -44,6 +42,7 @@ from toolledger.devstack import (
     STATE_DIR,
     DevStack,
     Services,
+    delete_topics,
     resolve_services,
 )
 
@@ -170,17 +169,7 @@ def isolated(pg_dsn: str, kafka_bootstrap: str, pg_schema: str, topic_prefix: st
 
 
 async def _delete_topics(bootstrap: str, prefix: str) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000)
-    with contextlib.suppress(Exception):
-        try:
-            # Bounded by the request timeout, never cancelled: a cancelled start leaks aiokafka's
-            # bootstrap connection (tests/integration/test_devstack.py, the stalling broker).
-            await admin.start()
-            topics = [t for t in await admin.list_topics() if t.startswith(prefix)]
-            if topics:
-                await asyncio.wait_for(admin.delete_topics(topics), 10)
-        finally:
-            await admin.close()
+    await delete_topics(bootstrap, prefix)
 
 
 def _stop_abandoned_session_stacks(sessions: Path) -> None:

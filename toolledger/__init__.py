@@ -23,73 +23,136 @@ Every error toolledger raises on purpose derives from `ToolLedgerError`, whose `
 the operator service's subclasses of `OperatorError` live in `toolledger.api.errors`.
 """
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from toolledger.errors import ToolLedgerError
-from toolledger.events.codec import DecodeError
-from toolledger.events.log import LogError, LogIdentityError, TopicMissing
-from toolledger.events.records import CallRecord, RunRecord
-from toolledger.events.signing import SigningKey, VerifyKeys
-from toolledger.runtime.agents import (
-    AgentConfig,
-    AgentConfigError,
-    ToolPolicy,
-    load_agents,
-    parse_agents,
-)
-from toolledger.runtime.context import ToolContext
-from toolledger.runtime.effects import (
-    PipeliningRefused,
-    SideEffect,
-    destructive,
-    external,
-    read,
-    write,
-)
-from toolledger.runtime.errors import (
-    KeyConflictError,
-    LedgerUnavailable,
-    RunQuarantined,
-    RunSuperseded,
-    TenantMismatchError,
-    ToolArgumentsError,
-    ToolArgumentsTooLarge,
-    ToolCallAwaitingApproval,
-    ToolCallContested,
-    ToolCallError,
-    ToolCallFailed,
-    ToolCallIndeterminate,
-    ToolCallInProgress,
-    ToolFailedError,
-    ToolNotAttemptedError,
-    ToolResultUnreadable,
-    ToolResultUnrecordable,
-)
-from toolledger.runtime.ledger import Ledger
-from toolledger.runtime.outcome import ToolOutcome
-from toolledger.runtime.port import CallQuery
-from toolledger.runtime.runs import AgentRun, FinalAnswer, RunResult, ToolCallRequest
-from toolledger.runtime.tools import ReconcileOutcome, Tool, ToolExecutionRecord, Toolset
-from toolledger.settings import (
-    ConfigError,
-    OperatorSettings,
-    ProjectorSettings,
-    Settings,
-    load_settings,
-)
 
 if TYPE_CHECKING:
     from toolledger.api.errors import OperatorError
+    from toolledger.events.codec import DecodeError
+    from toolledger.events.log import LogError, LogIdentityError, TopicMissing
+    from toolledger.events.records import CallRecord, RunRecord
+    from toolledger.events.signing import SigningKey, VerifyKeys
+    from toolledger.runtime.agents import (
+        AgentConfig,
+        AgentConfigError,
+        ToolPolicy,
+        load_agents,
+        parse_agents,
+    )
+    from toolledger.runtime.context import ToolContext
+    from toolledger.runtime.effects import (
+        PipeliningRefused,
+        SideEffect,
+        destructive,
+        external,
+        read,
+        write,
+    )
+    from toolledger.runtime.errors import (
+        KeyConflictError,
+        LedgerUnavailable,
+        RunQuarantined,
+        RunSuperseded,
+        TenantMismatchError,
+        ToolArgumentsError,
+        ToolArgumentsTooLarge,
+        ToolCallAwaitingApproval,
+        ToolCallContested,
+        ToolCallError,
+        ToolCallFailed,
+        ToolCallIndeterminate,
+        ToolCallInProgress,
+        ToolFailedError,
+        ToolNotAttemptedError,
+        ToolResultUnreadable,
+        ToolResultUnrecordable,
+    )
+    from toolledger.runtime.ledger import Ledger
+    from toolledger.runtime.outcome import ToolOutcome
+    from toolledger.runtime.port import CallQuery
+    from toolledger.runtime.runs import AgentRun, FinalAnswer, RunResult, ToolCallRequest
+    from toolledger.runtime.tools import ReconcileOutcome, Tool, ToolExecutionRecord, Toolset
+    from toolledger.settings import (
+        ConfigError,
+        OperatorSettings,
+        ProjectorSettings,
+        Settings,
+        load_settings,
+    )
+
+#: Where each public name lives. Loaded on first use (PEP 562), so `import toolledger` (which
+#: every `toolledger` command does, `--help` included) costs nothing until a name is asked for:
+#: the runtime's modules bring aiokafka and asyncpg with them, `OperatorError` FastAPI.
+_MODULES: dict[str, tuple[str, ...]] = {
+    "toolledger.events.codec": ("DecodeError",),
+    "toolledger.events.log": ("LogError", "LogIdentityError", "TopicMissing"),
+    "toolledger.events.records": ("CallRecord", "RunRecord"),
+    "toolledger.events.signing": ("SigningKey", "VerifyKeys"),
+    "toolledger.runtime.agents": (
+        "AgentConfig",
+        "AgentConfigError",
+        "ToolPolicy",
+        "load_agents",
+        "parse_agents",
+    ),
+    "toolledger.runtime.context": ("ToolContext",),
+    "toolledger.runtime.effects": (
+        "PipeliningRefused",
+        "SideEffect",
+        "destructive",
+        "external",
+        "read",
+        "write",
+    ),
+    "toolledger.runtime.errors": (
+        "KeyConflictError",
+        "LedgerUnavailable",
+        "RunQuarantined",
+        "RunSuperseded",
+        "TenantMismatchError",
+        "ToolArgumentsError",
+        "ToolArgumentsTooLarge",
+        "ToolCallAwaitingApproval",
+        "ToolCallContested",
+        "ToolCallError",
+        "ToolCallFailed",
+        "ToolCallIndeterminate",
+        "ToolCallInProgress",
+        "ToolFailedError",
+        "ToolNotAttemptedError",
+        "ToolResultUnreadable",
+        "ToolResultUnrecordable",
+    ),
+    "toolledger.runtime.ledger": ("Ledger",),
+    "toolledger.runtime.outcome": ("ToolOutcome",),
+    "toolledger.runtime.port": ("CallQuery",),
+    "toolledger.runtime.runs": ("AgentRun", "FinalAnswer", "RunResult", "ToolCallRequest"),
+    "toolledger.runtime.tools": ("ReconcileOutcome", "Tool", "ToolExecutionRecord", "Toolset"),
+    "toolledger.settings": (
+        "ConfigError",
+        "OperatorSettings",
+        "ProjectorSettings",
+        "Settings",
+        "load_settings",
+    ),
+    "toolledger.api.errors": ("OperatorError",),
+}
+_HOMES = {name: module for module, names in _MODULES.items() for name in names}
 
 
 def __getattr__(name: str) -> Any:
-    # `OperatorError` lives under `toolledger.api`, whose package imports FastAPI: loaded only
-    # when asked for, so `import toolledger` stays light for runtimes.
-    if name == "OperatorError":
-        from toolledger.api.errors import OperatorError
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'toolledger' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
 
-        return OperatorError
-    raise AttributeError(f"module 'toolledger' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
 
 
 __all__ = [

@@ -14,6 +14,11 @@ What `up` started is recorded in `.toolledger/state.json` under the project dire
 `up` reuses it, `down` stops exactly those processes (by pid, never by name: other brokers on the
 machine are not ours), and pytest finds a stack that `make test` started. Started servers run in
 their own session so they outlive the command that started them.
+
+The project directory is the checkout around the working directory (`find_project_dir`), so the
+commands work from any of its subdirectories. Checkouts share the machine's PostgreSQL, so each
+gets a schema and a topic prefix of its own (`checkout_namespace`), named after its directory:
+two checkouts' ledgers never mix.
 """
 
 from __future__ import annotations
@@ -21,24 +26,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import pwd
+import re
 import signal
 import socket
 import subprocess
 import time
 import warnings
-from collections.abc import Coroutine, Iterator
+from collections.abc import Coroutine, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args
 from urllib.parse import urlsplit
-
-import asyncpg
-from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.errors import KafkaError
 
 from toolledger.errors import ToolLedgerError
 
@@ -49,9 +52,14 @@ __all__ = [
     "STATE_DIR",
     "DevStack",
     "DevStackError",
+    "Namespace",
     "Service",
     "ServiceStatus",
     "Services",
+    "checkout_namespace",
+    "delete_topics",
+    "find_project_dir",
+    "remove_namespace",
     "resolve_services",
 ]
 
@@ -113,6 +121,38 @@ class ServiceStatus:
     answers: bool
 
 
+@dataclass(frozen=True)
+class Namespace:
+    """A checkout's own place on shared services: its schema and its topic prefix."""
+
+    schema: str
+    topic_prefix: str
+
+
+def checkout_namespace(project_dir: Path) -> Namespace:
+    """The schema and topic prefix of the checkout at `project_dir`: its directory's name (so a
+    person can tell them apart) and a digest of its whole path (so two `main`s do not meet)."""
+    resolved = project_dir.resolve()
+    slug = re.sub(r"[^a-z0-9]+", "_", resolved.name.lower()).strip("_")[:24] or "checkout"
+    digest = hashlib.sha256(str(resolved).encode()).hexdigest()[:6]
+    return Namespace(
+        schema=f"toolledger_{slug}_{digest}", topic_prefix=f"{slug.replace('_', '-')}-{digest}."
+    )
+
+
+def find_project_dir(start: Path | None = None) -> Path:
+    """The checkout around `start` (default: the working directory): the nearest directory up
+    that holds a `.toolledger/`, else the nearest that holds `pyproject.toml` or `.git`, else
+    `start` itself. So `dev status` and `dev down` find the stack from any subdirectory."""
+    here = (start or Path.cwd()).resolve()
+    for directory in (here, *here.parents):
+        if (directory / STATE_DIR).is_dir():
+            return directory
+        if (directory / "pyproject.toml").exists() or (directory / ".git").exists():
+            return directory
+    return here
+
+
 class DevStack:
     """The dev services of one project directory, with their state in `.toolledger/`."""
 
@@ -129,6 +169,11 @@ class DevStack:
         self.startup_timeout = startup_timeout
         self.local_postgres_url = local_postgres_url
         self._started: list[Service] = []
+
+    @property
+    def namespace(self) -> Namespace:
+        """This checkout's schema and topic prefix (`checkout_namespace`)."""
+        return checkout_namespace(self.project_dir)
 
     def up(self) -> Services:
         """Find or start both services; reuses what a previous `up` started if it still runs.
@@ -261,12 +306,44 @@ class DevStack:
         os.replace(tmp, self.state_path)
 
 
+async def remove_namespace(services: Services, schemas: Sequence[str], topic_prefix: str) -> None:
+    """Drop `schemas` and delete the topics named `topic_prefix...` (best effort): what a drill
+    or `demo --stack` leaves behind on shared services."""
+    import asyncpg
+
+    with contextlib.suppress(Exception):
+        conn = await asyncpg.connect(services.database_url, timeout=10)
+        try:
+            for schema in schemas:
+                await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        finally:
+            await conn.close()
+    await delete_topics(services.kafka_bootstrap, topic_prefix)
+
+
+async def delete_topics(bootstrap: str, prefix: str) -> None:
+    """Delete the topics whose names start with `prefix` (best effort)."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000)
+    with contextlib.suppress(Exception):
+        try:
+            # Bounded by the request timeout, never cancelled: a cancelled start leaks
+            # aiokafka's bootstrap connection (test_devstack.py, the stalling broker).
+            await admin.start()
+            topics = [t for t in await admin.list_topics() if t.startswith(prefix)]
+            if topics:
+                await asyncio.wait_for(admin.delete_topics(topics), 10)
+        finally:
+            await admin.close()
+
+
 def resolve_services(project_dir: Path | None = None) -> Services | None:
     """Services to use without starting anything: env vars first, then a live recorded stack."""
     database_url = os.environ.get(DATABASE_URL_ENV)
     kafka_bootstrap = os.environ.get(KAFKA_BOOTSTRAP_ENV)
     if not (database_url and kafka_bootstrap):
-        live = DevStack(project_dir or Path.cwd()).services()
+        live = DevStack(project_dir or find_project_dir()).services()
         if live is None:
             return None
         database_url = database_url or live.database_url
@@ -409,6 +486,8 @@ def _run_pg_tool(tool: Path, args: list[str], user: str | None, log: Path, timeo
 
 
 async def _postgres_answers(url: str, seconds: float) -> bool:
+    import asyncpg  # here, not at the top: `toolledger dev --help` must not load it
+
     try:
         conn = await asyncpg.connect(url, timeout=seconds)
     except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError):
@@ -420,6 +499,9 @@ async def _postgres_answers(url: str, seconds: float) -> bool:
 
 
 async def _kafka_answers(bootstrap: str, seconds: float) -> bool:
+    from aiokafka.admin import AIOKafkaAdminClient
+    from aiokafka.errors import KafkaError
+
     admin = AIOKafkaAdminClient(
         bootstrap_servers=bootstrap,
         client_id="toolledger-devstack",

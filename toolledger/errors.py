@@ -60,6 +60,8 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "PipeliningRefused": ("toolledger.runtime.effects", "pipelining_refused"),
     "RecordTooLarge": ("toolledger.events.log", "record_too_large"),
     "RefusedBeforeLookup": ("toolledger.runtime.resend", "refused_before_lookup"),
+    "ReplayStopped": ("toolledger.projections.replay", "replay_stopped"),
+    "ReplayTargetInUse": ("toolledger.projections.replay", "replay_target_in_use"),
     "RequestFailed": ("toolledger.http._errors", "http_request_failed"),
     "RequestInProgress": ("toolledger.http._errors", "http_request_in_progress"),
     "RequestNotSent": ("toolledger.http._errors", "http_request_not_sent"),

@@ -98,7 +98,10 @@ async def _show(console: Console, ledger: Ledger, key: str) -> str:
     history = await ledger.stack.store.history(key)
     assert record is not None
     table = Table(title=f"history of {key}", title_justify="left", show_lines=False)
-    for column in ("event", "actor", "verdict", "reason", "detail"):
+    # Event names and actors are never split over lines, piped or on a narrow terminal.
+    for column in ("event", "actor", "verdict"):
+        table.add_column(column, no_wrap=True)
+    for column in ("reason", "detail"):
         table.add_column(column, overflow="fold")
     for h in history:
         verdict = "[green]accepted[/green]" if h.accepted else f"[red]{h.reason}[/red]"

@@ -18,10 +18,11 @@ import pytest
 
 from toolledger.drill.billing import DrillBilling, Effect, KeyVoided
 from toolledger.drill.checks import Check, Evidence, Refold, judge
-from toolledger.drill.killpoints import KillPlan
+from toolledger.drill.killpoints import KILL_KINDS, KillPlan, kinds_owed
 from toolledger.drill.model import TENANT, next_turn, tool_for
 from toolledger.drill.operator import ListingChecks
 from toolledger.drill.reset import ResetEvidence, judge_reset
+from toolledger.drill.run import DrillConfig, default_timeout
 from toolledger.errors import ExitStatus
 from toolledger.events.fold import HistoryEntry
 from toolledger.events.records import CallRecord, RunRecord
@@ -164,7 +165,7 @@ def _healthy() -> Evidence:
         listed_at_end=set(),
         refold=Refold("abc", "abc", 4, []),
         poison=[],
-        kills=1,
+        kills=Counter(model=1),
         kills_requested=1,
         unattributed_kills=0,
         errors=[],
@@ -239,11 +240,87 @@ def test_a_model_told_another_credit_than_billing_made_is_a_violation() -> None:
     assert _failed(evidence) == {"exactly one effect for every call of a finished run"}
 
 
-def test_an_unfinished_run_and_too_few_kills_are_violations() -> None:
+FINISHED = "every run finished within the drill's timeout"
+KILLS = "every kind of runtime kill delivered"
+
+
+def test_an_unfinished_run_and_no_kills_at_all_are_violations() -> None:
     evidence = _healthy()
     evidence.snapshot.runs["r1"] = RunRecord(run_id="r1", tenant_id=TENANT, version=5)
-    evidence.kills = 0
-    assert {"every run finished", "runtime kills as requested"} <= _failed(evidence)
+    evidence.kills = Counter()
+    assert {FINISHED, KILLS} <= _failed(evidence)
+
+
+def test_fewer_kills_than_planned_pass_when_every_kind_struck_and_fail_when_one_never_did() -> None:
+    """A loaded machine failed a drill on "28 of 30 requested" although every kind of kill had
+    struck: plans miss when their worker finishes first. The check asks for every kind (as
+    many kinds as kills were planned), not for the count; a kind never delivered fails it."""
+    evidence = _healthy()
+    evidence.kills_requested = 30
+    evidence.kills = Counter({kind: 4 for kind in KILL_KINDS})
+    assert _failed(evidence) == set()
+    assert sum(evidence.kills.values()) < 30
+    evidence.kills = Counter({kind: 5 for kind in KILL_KINDS if kind != "response_lost"})
+    assert _failed(evidence) == {KILLS}
+    check = next(c for c in judge(evidence)[0] if c.name == KILLS)
+    assert "never delivered: response_lost" in check.detail
+    evidence.kills_requested, evidence.kills = 2, Counter(model=1, external=1)
+    assert _failed(evidence) == set()
+
+
+def test_the_driver_aims_at_the_kinds_of_kill_still_owed() -> None:
+    """A kind whose plan missed must be planned again, and a kind a live worker already
+    carries must not be planned twice."""
+    done = Counter(model=3, reserved=1)
+    assert kinds_owed(KILL_KINDS, done, ["request_lost", None]) == [
+        "response_lost",
+        "before_outcome",
+        "after_outcome",
+        "external",
+    ]
+    assert kinds_owed(KILL_KINDS, Counter(dict.fromkeys(KILL_KINDS, 1)), []) == []
+
+
+def test_a_drill_that_ran_out_of_time_says_so_and_calls_in_flight_are_not_lies() -> None:
+    """The long drill on a slow machine ran out of its timeout and then reported its calls
+    still in flight as "the ledger tells the truth about effects: VIOLATED". A time-out must
+    be reported as one, and a credit whose call is unsettled at that moment is in flight."""
+    evidence = _healthy()
+    evidence.calls = 3
+    evidence.snapshot.calls["r1:s2"] = _call("r1:s2", "started")
+    evidence.snapshot.runs["r1"] = RunRecord(run_id="r1", tenant_id=TENANT, version=5)
+    evidence.effects.append(Effect("r1:s2", "cr_c", "r1/s2"))
+    evidence.requests = {**evidence.requests, "r1:s2": Counter(credited=1)}
+    assert "the ledger tells the truth about effects" in _failed(evidence)
+    evidence.timed_out, evidence.timeout = True, 1800.0
+    checks = {c.name: c for c in judge(evidence)[0]}
+    assert _failed(evidence) == {FINISHED}
+    assert checks[FINISHED].failed_as == "TIMED OUT"
+    assert (
+        "timed out after 1800 s with 0 of 1 runs completed in the ledger" in checks[FINISHED].detail
+    )
+    assert (
+        "in flight at the time-out (1" in checks["the ledger tells the truth about effects"].detail
+    )
+    # A failed call that took effect is a lie, time-out or not.
+    evidence.snapshot.calls["r1:s2"] = _call("r1:s2", "failed")
+    assert "the ledger tells the truth about effects" in _failed(evidence)
+
+
+def test_the_default_timeout_follows_the_work() -> None:
+    """A fixed hour ran out at 426 of 1,000 runs on a machine 2.5 times slower: the default
+    must grow with the runs, calls and kills, and the command must say what it is."""
+    from click.testing import CliRunner
+
+    from toolledger.cli.drill import drill
+
+    ci, long = DrillConfig(), DrillConfig(runs=1000, calls=5, kills=2000, partitions=16)
+    assert default_timeout(long) > 4 * default_timeout(ci)
+    # The slow machine's rate (426 runs an hour) would finish the long drill in time.
+    assert default_timeout(long) > 1.5 * 3600 * 1000 / 426
+    assert DrillConfig(timeout=60).time_limit == 60
+    shown = CliRunner().invoke(drill, ["--help"], terminal_width=200).output
+    assert f"{default_timeout(ci):,.0f} s for the defaults" in shown
 
 
 def _poisoned(evidence: Evidence, *, dead_letters: int = 1, quarantined: bool = True) -> Evidence:
@@ -303,7 +380,7 @@ def test_a_runtime_worker_killed_at_no_known_point_is_a_violation() -> None:
     nobody sent means something else killed it, and the kill count would lie."""
     evidence = _healthy()
     evidence.unattributed_kills = 1
-    assert _failed(evidence) == {"runtime kills as requested"}
+    assert _failed(evidence) == {KILLS}
 
 
 def _reset(**changes: object) -> set[str]:

@@ -41,12 +41,13 @@ def home(request: pytest.FixtureRequest) -> Iterator[Path]:
         shutil.rmtree(parent, ignore_errors=True)
 
 
-@pytest.mark.timeout(360)
+@pytest.mark.timeout(480)
 async def test_a_drill_survives_postgres_restarts_and_ends_with_a_broker_reset(
     home: Path,
 ) -> None:
     """A PostgreSQL restart must cost availability only, never an effect or a record; a broker
-    that lost its data must stop the ledger, not fork it."""
+    that lost its data must stop the ledger, not fork it. On a loaded machine this drill once
+    failed "runtime kills as requested: 28 of 30": the kill check now asks for every kind."""
     config = DrillConfig(
         runs=20,
         calls=3,
@@ -57,6 +58,8 @@ async def test_a_drill_survives_postgres_restarts_and_ends_with_a_broker_reset(
         broker_reset=True,
         reconciler_kill_every=15.0,
         zombie_every=20.0,
+        # A slow drill ends with its own time-out report, before pytest's timeout.
+        timeout=300,
     )
     report = await run_drill(config)
     summary = plain_summary(report)

@@ -7,7 +7,7 @@ import contextlib
 import os
 import subprocess
 from collections.abc import AsyncGenerator, AsyncIterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
@@ -147,15 +147,34 @@ async def test_audit_as_of_gives_the_state_before_an_operators_resolution(
     assert entries[-1].actor == "operator:alice"
     assert all(e.verdict is not None and e.verdict.accepted for e in entries)
 
-    stamp = before_resolution.strftime("%Y-%m-%dT%H:%M:%S.%f")
+    # As toolledger prints times: ISO, milliseconds, `Z` (an offset and none are tested below).
+    stamp = before_resolution.isoformat(timespec="milliseconds").replace("+00:00", "Z")
     into = f"{settings.schema_name}_asof"
     try:
         shown = _cli(settings, "audit", r.key, "--as-of", stamp, "--into", into)
         assert shown.returncode == 0, shown.stdout + shown.stderr
-        assert "was indeterminate" in shown.stdout
+        assert "was indeterminate (version 2, not settled)" in shown.stdout
+        assert "settled by -" not in shown.stdout
         now = _cli(settings, "audit", r.key)
         assert now.returncode == 0, now.stderr
         assert "operator:alice" in now.stdout and "call_resolved" in now.stdout
+        # In memory, as `replay` folds, with the same moment written with an offset.
+        offset = before_resolution.astimezone(timezone(timedelta(hours=2))).isoformat()
+        memory = _cli(settings, "audit", r.key, "--as-of", offset)
+        assert memory.returncode == 0, memory.stdout + memory.stderr
+        assert "in memory" in memory.stdout and "was indeterminate" in memory.stdout
+        after = _cli(settings, "audit", r.key, "--as-of", datetime.now(UTC).isoformat())
+        assert "was failed (version 3, settled by operator)" in after.stdout, after.stdout
+        # `--into` a schema that holds a projection is a usage error (2), not a log that
+        # differs from the ledger's (4).
+        again = _cli(settings, "audit", r.key, "--as-of", stamp, "--into", into)
+        assert again.returncode == 2, again.stdout + again.stderr
+        assert f"schema {into} already holds a projection" in again.stderr
+        replayed = _cli(settings, "replay", "--into", settings.schema_name)
+        assert replayed.returncode == 2, replayed.stdout + replayed.stderr
+        assert f"schema {settings.schema_name} already holds a projection" in replayed.stderr
+        bad = _cli(settings, "audit", r.key, "--as-of", "yesterday")
+        assert bad.returncode == 2 and "give it as toolledger prints them" in bad.stderr
     finally:
         import asyncpg
 

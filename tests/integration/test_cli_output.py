@@ -92,3 +92,39 @@ async def test_piped_listings_show_whole_keys_tool_names_and_token_ids(
     assert token_id in out and "an-operator-with-a-long-name@example.com" in out
     code, out, err = await _cli(ledger_settings, "tokens", "revoke", token_id)
     assert code == 0, err
+
+
+def _row(out: str, key: str) -> list[str]:
+    """The cells of the table row that starts with `key`."""
+    line = next(line for line in out.splitlines() if f" {key} " in line)
+    return [cell.strip() for cell in line.split("│")[1:-1]]
+
+
+async def test_the_queue_shows_a_waiting_time_only_for_calls_that_wait(
+    calls: s.Calls, ledger_settings: Settings
+) -> None:
+    """`executions list` showed "waiting 3m" for a call completed three minutes ago: a settled
+    call waits for no one, so its waiting cell is "-"."""
+    done = await calls.completed("waits-run", "c1")
+    unknown = await calls.indeterminate("waits-run", "c2")
+    code, out, err = await _cli(ledger_settings, "executions", "list")
+    assert code == 0, err
+    header = next(line for line in out.splitlines() if "┃ key" in line)
+    waiting = [cell.strip() for cell in header.split("┃")[1:-1]].index("waiting")
+    assert _row(out, done.key)[waiting] == "-"
+    assert _row(out, unknown.key)[waiting].rstrip("smhd").isdigit()
+
+
+async def test_a_key_not_found_names_the_tenant_and_the_cli_command_not_an_http_route(
+    calls: s.Calls, ledger_settings: Settings
+) -> None:
+    """`executions show` of an unknown key said "in this tenant" with no tenant given, and
+    advised `GET /v1/tool-executions` to someone at a shell."""
+    code, _, err = await _cli(ledger_settings, "executions", "show", "no-such:call")
+    assert code == 1
+    assert "no tool execution 'no-such:call' in any tenant" in err
+    assert "`toolledger executions list`" in err and "GET /v1" not in err
+    code, _, err = await _cli(
+        ledger_settings, "executions", "show", "no-such:call", "--tenant", "acme"
+    )
+    assert code == 1 and "in tenant acme;" in err

@@ -136,6 +136,12 @@ async def desk(
         await context.close()
 
 
+async def _undecided(stack: LedgerStack, key: str, before: object) -> None:
+    """`key`'s record is still `before`, and no resolution of it was even recorded."""
+    assert await stack.store.get_call(key) == before
+    assert "call_resolved" not in [h.event_type for h in await stack.store.history(key)]
+
+
 async def _shoot(page: Page, path: Path) -> None:
     await page.screenshot(path=path, full_page=True)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -185,7 +191,8 @@ async def test_an_operator_resolves_a_real_unknown_call_and_a_stale_second_opera
         await expect(row).to_contain_text("indeterminate")
         await expect(row).to_contain_text("payments.send_payout")
         await expect(row).to_contain_text("the bank did not answer")
-        await expect(row.locator("td").nth(5)).to_have_text("1")  # attempts: the tool ran once
+        await expect(row.locator("td").nth(6)).to_have_text("1")  # attempts: the tool ran once
+        await expect(row.locator("td.arguments")).to_have_text("amount_cents=2500, account_id=a-7")
         keys = await page.locator("tbody tr").evaluate_all("rows => rows.map(r => r.dataset.key)")
         # Longest-waiting first: run-9's call was reserved two minutes ago (see `Calls.reserve`).
         assert keys == ["run-9:c1", key, "run-8:c1"]
@@ -344,8 +351,7 @@ async def test_a_viewer_has_no_controls_and_forged_or_csrf_less_posts_are_refuse
             assert answer.status == 403
             assert "CSRF token is missing or wrong" in await answer.text()
 
-    assert await stack.store.get_call(unknown.key) == before
-    assert "call_resolved" not in [h.event_type for h in await stack.store.history(unknown.key)]
+    await _undecided(stack, unknown.key, before)
 
 
 async def test_tenant_b_sees_nothing_of_tenant_a(
@@ -385,3 +391,110 @@ async def test_tenant_b_sees_nothing_of_tenant_a(
         answer = await gus.context.request.post(f"{console}/console/call/resolve", form=form)
         assert answer.status == 404
     assert await stack.store.get_call(secret.key) == before
+
+
+#: Where a line of an identifier may break: after one of these (the browser's own hyphen breaks
+#: included), never inside a word.
+_SEPARATORS = ":/.-"
+#: For each element, the character before each line break inside it.
+_BREAKS_JS = """els => els.map(el => {
+  const breaks = []; let top = null; let before = "";
+  const walker = document.createTreeWalker(el, NodeFilter.SHOW_TEXT);
+  while (walker.nextNode()) {
+    const node = walker.currentNode;
+    for (let i = 0; i < node.length; i++) {
+      const range = document.createRange(); range.setStart(node, i); range.setEnd(node, i + 1);
+      const at = range.getBoundingClientRect().top;
+      if (top !== null && at > top + 2) breaks.push(before);
+      top = at; before = node.data[i];
+    }
+  }
+  return {text: el.textContent, breaks};
+})"""
+
+
+async def _wrapped_mid_word(page: Page) -> list[dict[str, object]]:
+    """The identifiers on `page` that wrap somewhere other than after a separator."""
+    shown = await page.locator("code.ident").evaluate_all(_BREAKS_JS)
+    return [s for s in shown if any(b not in _SEPARATORS for b in s["breaks"])]
+
+
+async def test_a_refused_form_shows_its_error_inline_and_keeps_what_was_typed(
+    console: str,
+    stack: LedgerStack,
+    tokens: PostgresTokens,
+    playwright: Playwright,
+    tmp_path: Path,
+) -> None:
+    """A value that was not JSON, or a reason of spaces only, took the operator to a bare error
+    page, and the way back was an empty form: what they had typed was gone. The call's page
+    must come back (422) with the message beside the form and every field as it was; a
+    whitespace-only reason must be refused like an empty one. Nothing is decided meanwhile."""
+    unknown = await s.Calls(stack).indeterminate("run-typo", "c1")
+    before = await stack.store.get_call(unknown.key)
+    async with desk(playwright, tmp_path, console, tokens, "tess") as tess:
+        page = tess.page
+        await tess.open(unknown.key)
+        await page.get_by_label("Completed: the effect happened").check()
+        await page.get_by_label("Result, if completed (JSON, optional)").fill("{credit: cr_81")
+        await page.get_by_label("Reference in the other system, if completed (optional)").fill(
+            "cr_81"
+        )
+        await page.get_by_label("Reason (required)").fill("credit cr_81 is in the portal")
+        async with page.expect_response(lambda r: r.request.method == "POST") as answer:
+            await page.get_by_role("button", name="Resolve").click()
+        assert (await answer.value).status == 422
+        form = page.get_by_role("form", name="Resolve")
+        await expect(form.get_by_role("alert")).to_contain_text("the value must be JSON")
+        await expect(page.get_by_role("heading", level=1)).to_have_text(f"Call {unknown.key}")
+        await expect(page.get_by_label("Completed: the effect happened")).to_be_checked()
+        value = page.get_by_label("Result, if completed (JSON, optional)")
+        await expect(value).to_have_value("{credit: cr_81")
+        await expect(
+            page.get_by_label("Reference in the other system, if completed (optional)")
+        ).to_have_value("cr_81")
+        await expect(page.get_by_label("Reason (required)")).to_have_value(
+            "credit cr_81 is in the portal"
+        )
+
+        await value.fill('{"credit": "cr_81"}')
+        await page.get_by_label("Reason (required)").fill("   ")
+        async with page.expect_response(lambda r: r.request.method == "POST") as answer:
+            await page.get_by_role("button", name="Resolve").click()
+        assert (await answer.value).status == 422
+        await expect(form.get_by_role("alert")).to_contain_text("a decision needs a reason")
+        await expect(value).to_have_value('{"credit": "cr_81"}')
+
+    await _undecided(stack, unknown.key, before)
+
+
+async def test_identifiers_wrap_between_their_parts_and_the_queue_shows_what_is_at_stake(
+    console: str,
+    stack: LedgerStack,
+    tokens: PostgresTokens,
+    playwright: Playwright,
+    tmp_path: Path,
+) -> None:
+    """On a narrow window the console broke keys and tool names anywhere ("run-7:tool" over
+    "u/01"), so an operator could not read or copy them; they must wrap only after `:`, `/`,
+    `.` or `-`. And the queue gave nothing to triage by: it must show each call's arguments,
+    amounts first."""
+    run_id = "settlement-batch-2026-03-01-eu-west-merchants"
+    tool = "payments_and_settlements.issue_merchant_refund_for_disputed_order"
+    arguments = {"merchant_id": "m-4411", "order": {"id": "o-9"}, "amount_cents": 129900}
+    waiting = await s.Calls(stack).indeterminate(
+        run_id, "toolu_01/refund", tool=tool, arguments=arguments
+    )
+    async with desk(playwright, tmp_path, console, tokens, "nina") as nina:
+        page = nina.page
+        await page.set_viewport_size({"width": 560, "height": 900})
+        await page.goto(f"{console}/console/queue?status=unsettled&run={run_id}")
+        row = page.locator(f"#{dom_id(waiting.key)}")
+        await expect(row.locator("td.arguments")).to_have_text(
+            'amount_cents=129900, merchant_id=m-4411, order={"id":"o-9"}'
+        )
+        shown = await row.locator("code.ident").evaluate_all(_BREAKS_JS)
+        assert any(s["breaks"] for s in shown), f"nothing wrapped at 560 px: {shown}"
+        assert await _wrapped_mid_word(page) == []
+        await nina.open(waiting.key)
+        assert await _wrapped_mid_word(page) == []

@@ -295,3 +295,53 @@ async def test_a_probe_of_a_stalling_broker_gives_up_without_leaving_a_connectio
         gc.collect()
     assert [str(w.message) for w in caught if w.category is ResourceWarning] == []
     assert took < 5, f"the probe took {took:.1f}s to give up"
+
+
+def _exports(out: str) -> dict[str, str]:
+    return dict(
+        line.removeprefix("export ").split("=", 1)
+        for line in out.splitlines()
+        if line.startswith("export ")
+    )
+
+
+def test_each_checkout_gets_its_own_schema_and_prefix_and_is_found_from_any_directory(
+    tmp_path: Path, pg_dsn: str, kafka_bootstrap: str
+) -> None:
+    """Two checkouts on one machine both used the schema `toolledger` of the local PostgreSQL,
+    so one's dev ledger was the other's; and `dev status` in a subdirectory said "No dev
+    stack". Each checkout must get (and print) a schema and topic prefix of its own, and
+    `status` and `down` must find its stack from below it or from `--project-dir`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLLEDGER_")}
+    env |= {DATABASE_URL_ENV: pg_dsn, KAFKA_BOOTSTRAP_ENV: kafka_bootstrap}
+    cli = [sys.executable, "-c", "from toolledger.cli import main; main()", "dev"]
+
+    def run(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*cli, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=60
+        )
+
+    alpha, beta = tmp_path / "alpha", tmp_path / "beta.checkout"
+    for checkout in (alpha, beta):
+        (checkout / "src" / "deep").mkdir(parents=True)
+        (checkout / "pyproject.toml").write_text("")
+    try:
+        up_alpha, up_beta = run(alpha / "src", "up"), run(beta, "up")
+        assert up_alpha.returncode == 0 and up_beta.returncode == 0, up_alpha.stderr
+        a, b = _exports(up_alpha.stdout), _exports(up_beta.stdout)
+        assert a["TOOLLEDGER_SCHEMA"].startswith("toolledger_alpha_")
+        assert b["TOOLLEDGER_SCHEMA"].startswith("toolledger_beta_checkout_")
+        assert a["TOOLLEDGER_TOPIC_PREFIX"].startswith("alpha-")
+        assert a["TOOLLEDGER_SCHEMA"] != b["TOOLLEDGER_SCHEMA"]
+        assert a["TOOLLEDGER_TOPIC_PREFIX"] != b["TOOLLEDGER_TOPIC_PREFIX"]
+        assert (alpha / ".toolledger" / "state.json").exists()
+        below = run(alpha / "src" / "deep", "status")
+        assert below.returncode == 0 and _exports(below.stdout) == a, below.stdout
+        elsewhere = run(tmp_path, "status", "--project-dir", str(beta))
+        assert _exports(elsewhere.stdout) == b, elsewhere.stdout
+        assert run(alpha / "src" / "deep", "down").returncode == 0
+        assert run(alpha, "status", "--check").returncode == 1
+        assert run(beta, "status", "--check").returncode == 0
+    finally:
+        run(tmp_path, "down", "--project-dir", str(alpha))
+        run(tmp_path, "down", "--project-dir", str(beta))

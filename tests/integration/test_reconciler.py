@@ -15,6 +15,7 @@ import asyncio
 import itertools
 import json
 import re
+import signal
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -499,3 +500,20 @@ async def test_two_reconcilers_never_settle_one_key_twice(scene: Scene) -> None:
     assert all(partitions.values()), partitions
     owned_last = set().union(*(set(re.findall(r"\d+", owned[-1])) for owned in partitions.values()))
     assert owned_last == {"0", "1"}, partitions
+
+
+async def test_the_reconciler_starts_with_a_few_lines_of_its_own_not_fausts_start_up(
+    scene: Scene,
+) -> None:
+    """A new user's reconciler printed about seventy lines of faust and mode start-up (every
+    service started, every table recovered) at INFO before its first line of its own: at the
+    default level only toolledger's lines and warnings belong in its log."""
+    proc = scene.reconciler("quiet-reconciler")
+    await scene.ready(proc)
+    proc.signal(signal.SIGTERM)
+    assert await proc.wait_exit(timeout=30) == 0
+    lines = [line for line in proc.output().splitlines() if " INFO " in line]
+    theirs = [line for line in lines if " toolledger." not in line.split("[")[0] + " "]
+    assert theirs == [], "\n".join(theirs[:20])
+    assert any("owns facts partitions [" in line for line in lines)
+    assert len(lines) <= 10, "\n".join(lines)

@@ -77,9 +77,15 @@ def _command_path(words: list[str]) -> list[str]:
     command: click.Command = main
     path: list[str] = []
     for word in words[1:]:
-        if not isinstance(command, click.Group) or word not in command.commands:
+        # `get_command`, not `.commands`: the group loads a command's module when looked up.
+        found = (
+            command.get_command(click.Context(command), word)
+            if isinstance(command, click.Group)
+            else None
+        )
+        if found is None:
             break
-        command = command.commands[word]
+        command = found
         path.append(word)
     return path
 

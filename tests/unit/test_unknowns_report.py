@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import io
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 from rich.console import Console
 
@@ -51,3 +55,22 @@ async def test_the_report_counts_unknowns_their_settlers_and_how_long_they_waite
         "billing.issue_credit", "5", "3", "1", "3", "operator 1, reconcile 1", "60.0s", "90.0s",
         "1",
     ]  # fmt: skip
+
+
+def test_the_report_without_services_says_so_in_one_line() -> None:
+    """`python -m examples.unknowns_report` with no TOOLLEDGER_* variables printed a
+    twenty-line traceback ending in ConfigError; it must say what to set, once, and exit 2."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLLEDGER_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "examples.unknowns_report"],
+        cwd=Path(__file__).resolve().parents[2],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == ""
+    [line] = done.stderr.splitlines()
+    assert line.startswith("unknowns_report: TOOLLEDGER_DATABASE_URL")
+    assert "toolledger dev up" in line

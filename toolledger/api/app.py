@@ -44,7 +44,7 @@ from toolledger.api import metrics
 from toolledger.api.auth import ApiContext, ApiError, api_context
 from toolledger.api.compensation import RuntimeCompensator
 from toolledger.api.console import Sessions, mount_console
-from toolledger.api.errors import Conflict, OperatorError, http_status
+from toolledger.api.errors import Conflict, NotFound, OperatorError, http_status
 from toolledger.api.routes import STATUSES, errors, router
 from toolledger.api.schemas import ErrorDetail, ErrorResponse, Health, ToolExecution
 from toolledger.api.service import OperatorService
@@ -283,7 +283,10 @@ def _error_handlers(app: FastAPI) -> None:
     async def operator_error(_request: Request, exc: OperatorError) -> JSONResponse:
         status = http_status(exc)
         conflict = exc if isinstance(exc, Conflict) else None
-        return _error(status, exc.code, exc.message, conflict=conflict)
+        said = exc.message
+        if isinstance(exc, NotFound):
+            said += "; list them with GET /v1/tool-executions"
+        return _error(status, exc.code, said, conflict=conflict)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:

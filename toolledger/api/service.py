@@ -215,11 +215,9 @@ class OperatorService:
         # A NUL cannot be in a stored key (PostgreSQL text refuses it), so do not ask.
         record = await self.store.get_call(key) if storable(key) else None
         if record is None or who.tenant_id not in (None, record.tenant_id):
-            raise NotFound(
-                "not_found",
-                f"no tool execution {key!r} in this tenant; list them with "
-                "GET /v1/tool-executions (or `toolledger executions list`)",
-            )
+            # Where to list them is each surface's to say (HTTP: GET, the CLI: its command).
+            where = "any tenant" if who.tenant_id is None else f"tenant {who.tenant_id}"
+            raise NotFound("not_found", f"no tool execution {key!r} in {where}")
         return await self.commands.restored_call(record)
 
     async def counts(self, who: Operator) -> StatusCounts:

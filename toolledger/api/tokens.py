@@ -19,13 +19,14 @@ import secrets
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Any, Literal, get_args
-
-import asyncpg
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from toolledger.errors import ToolLedgerError
 from toolledger.events.models import utcnow
 from toolledger.projections.migrations import check_schema_name, migrate, quote_ident
+
+if TYPE_CHECKING:
+    import asyncpg
 
 Role = Literal["viewer", "operator", "admin"]
 ROLES: tuple[Role, ...] = get_args(Role)
@@ -248,6 +249,8 @@ class PostgresTokens(TokenStore):
             await pool.close()
 
     async def _db(self) -> asyncpg.Pool[asyncpg.Record]:
+        import asyncpg  # here: `toolledger tokens --help` reads `ROLES` and must stay light
+
         async with self._opening:
             if self._pool is None:
                 pool = await asyncpg.create_pool(

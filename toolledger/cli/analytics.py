@@ -11,17 +11,19 @@ import asyncio
 import logging
 
 import click
-from prometheus_client import start_http_server
 
 from toolledger.cli.entry import configure_logging, run_worker
-from toolledger.events.log import TopicMissing
-from toolledger.processors.analytics import Metrics, analytics_app
-from toolledger.processors.app import DEFAULT_SESSION_TIMEOUT_S
-from toolledger.settings import load_settings
-from toolledger.wiring.stack import LedgerStack
+from toolledger.processors import DEFAULT_SESSION_TIMEOUT_S
 
 
 async def _run(port: int, group: str | None, session_timeout: float) -> None:
+    from prometheus_client import start_http_server
+
+    from toolledger.events.log import TopicMissing
+    from toolledger.processors.analytics import Metrics, analytics_app
+    from toolledger.settings import load_settings
+    from toolledger.wiring.stack import LedgerStack
+
     settings = load_settings()
     stack = await LedgerStack.connect(settings, create_topics=False)
     try:

@@ -11,13 +11,12 @@ requests bearing `TOOLLEDGER_METRICS_TOKEN` only.
 
 from __future__ import annotations
 
-import click
-import uvicorn
+from typing import TYPE_CHECKING
 
-from toolledger.api.app import create_app
-from toolledger.api.compensation import load_tools
-from toolledger.settings import OperatorSettings, load_settings
-from toolledger.wiring.stack import LedgerStack
+import click
+
+if TYPE_CHECKING:
+    from toolledger.wiring.stack import LedgerStack
 
 
 @click.command()
@@ -34,6 +33,13 @@ from toolledger.wiring.stack import LedgerStack
 @click.option("--log-level", default="info", show_default=True, help="uvicorn's log level.")
 def api(host: str, port: int, tools: tuple[str, ...], log_level: str) -> None:
     """Serve the operator HTTP API (OpenAPI at /openapi.json), configured by TOOLLEDGER_*."""
+    import uvicorn
+
+    from toolledger.api.app import create_app
+    from toolledger.api.compensation import load_tools
+    from toolledger.settings import OperatorSettings, load_settings
+    from toolledger.wiring.stack import LedgerStack
+
     registry = load_tools(tools) if tools else None
     settings = load_settings(OperatorSettings)
     settings.require_services()

@@ -9,6 +9,10 @@ and the operator CLI add.
 `up` also makes a development signing key pair, once, in `.toolledger/dev-signing.key` (mode
 0600; `down` leaves it, because a ledger schema that outlives the stack keeps verifying with its
 public key: projectors refuse to start with a key set that lost one).
+
+Each checkout gets its own schema and topic prefix (`toolledger.devstack.checkout_namespace`),
+printed with the exports, so two checkouts on one machine never share a ledger. Every command
+finds the checkout from any directory below it, or from `--project-dir`.
 """
 
 from __future__ import annotations
@@ -29,10 +33,13 @@ from toolledger.devstack import (
     DevStack,
     Services,
     ServiceStatus,
+    find_project_dir,
 )
 from toolledger.events.signing import SigningKey, parse_signing_keys
 
 DEV_KEY_FILE = "dev-signing.key"
+SCHEMA_ENV = "TOOLLEDGER_SCHEMA"
+TOPIC_PREFIX_ENV = "TOOLLEDGER_TOPIC_PREFIX"
 _console = entry.console()
 _SOURCES = {
     "env": "env var",
@@ -44,9 +51,9 @@ _SOURCES = {
 _project_dir = click.option(
     "--project-dir",
     type=click.Path(file_okay=False, path_type=Path),
-    default=Path("."),
-    show_default=True,
-    help="Directory whose .toolledger/ holds the stack's state.",
+    default=None,
+    help="The checkout whose .toolledger/ holds the stack's state [default: the one around the "
+    "working directory: the nearest with a .toolledger/, pyproject.toml or .git].",
 )
 
 
@@ -65,23 +72,23 @@ def dev() -> None:
 @dev.command()
 @_project_dir
 @click.option("--timeout", default=30.0, show_default=True, help="Seconds to wait per service.")
-def up(project_dir: Path, timeout: float) -> None:
+def up(project_dir: Path | None, timeout: float) -> None:
     """Find or start PostgreSQL and Kafka (reuses a running stack)."""
-    stack = DevStack(project_dir, startup_timeout=timeout)
+    stack = DevStack(project_dir or find_project_dir(), startup_timeout=timeout)
     with _console.status("Starting PostgreSQL and Kafka..."):
         services = stack.up()
     statuses = stack.status()
     _console.print(_table(statuses))
     _print_logs(statuses)
-    _print_exports(services, stack.home)
+    _print_exports(services, stack)
 
 
 @dev.command()
 @_project_dir
 @click.option("--check", is_flag=True, help="Print nothing; exit 0 if a stack runs here, 1 if not.")
-def status(project_dir: Path, check: bool) -> None:
+def status(project_dir: Path | None, check: bool) -> None:
     """Show what runs where, and whether each process is alive."""
-    stack = DevStack(project_dir)
+    stack = DevStack(project_dir or find_project_dir())
     if check:
         sys.exit(0 if stack.services() is not None else 1)
     statuses = stack.status()
@@ -92,16 +99,17 @@ def status(project_dir: Path, check: bool) -> None:
     _print_logs(statuses)
     live = stack.services()
     if live is not None:
-        _print_exports(live, stack.home)
+        _print_exports(live, stack)
 
 
 @dev.command()
 @_project_dir
-def down(project_dir: Path) -> None:
+def down(project_dir: Path | None) -> None:
     """Stop what `up` started; servers it found running are left alone."""
-    stopped = DevStack(project_dir).down()
+    stack = DevStack(project_dir or find_project_dir())
+    stopped = stack.down()
     if not stopped:
-        _console.print("Nothing to stop.")
+        _console.print(f"Nothing to stop in {stack.project_dir}.")
     for service in stopped:
         _console.print(f"Stopped {service.name} ({service.source}, pid {service.pid}).")
 
@@ -148,12 +156,16 @@ def dev_signing_key(home: Path) -> tuple[SigningKey, Path]:
     return key, path
 
 
-def _print_exports(services: Services, home: Path) -> None:
-    key, path = dev_signing_key(home)
+def _print_exports(services: Services, stack: DevStack) -> None:
+    key, path = dev_signing_key(stack.home)
+    space = stack.namespace
     out = functools.partial(_console.print, highlight=False, soft_wrap=True)
-    out("# every role (runtimes, reconciler, resumer, analytics, projector, API, CLI):")
+    out("# every role (runtimes, reconciler, resumer, analytics, projector, API, CLI); the schema")
+    out(f"# and topic prefix are this checkout's own ({stack.project_dir}):")
     out(f"export {DATABASE_URL_ENV}={services.database_url}")
     out(f"export {KAFKA_BOOTSTRAP_ENV}={services.kafka_bootstrap}")
+    out(f"export {SCHEMA_ENV}={space.schema}")
+    out(f"export {TOPIC_PREFIX_ENV}={space.topic_prefix}")
     out("# projectors and `toolledger replay`/`audit` add the public key:")
     out(f"export TOOLLEDGER_VERIFY_KEYS={key.public_setting()}")
     out(

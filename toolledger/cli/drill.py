@@ -16,14 +16,18 @@ import signal
 import sys
 from collections.abc import Coroutine
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from toolledger.cli import entry
 from toolledger.cli.entry import CommandFailed, ExitStatus, configure_logging
-from toolledger.drill.run import DrillConfig, DrillReport, run_drill
 from toolledger.drill.summary import render
+
+if TYPE_CHECKING:
+    from toolledger.drill.run import DrillConfig, DrillReport
 
 
 @click.command()
@@ -79,7 +83,11 @@ from toolledger.drill.summary import render
     help="End with a reset of a private broker (projectors must stop, runtimes fail closed).",
 )
 @click.option(
-    "--timeout", default=3600.0, show_default=True, help="Give up (a violation) after this long."
+    "--timeout",
+    type=click.FloatRange(min=1),
+    default=None,
+    help="Seconds before the drill gives up and reports a time-out [default: 600 + 2 per step "
+    "(runs x (calls + 1)) + 1 per kill: 1,300 s for the defaults].",
 )
 @click.option("--keep", is_flag=True, help="Keep the schema, topics and the drill's files.")
 @click.option(
@@ -102,11 +110,13 @@ def drill(
     reconciler_kill_every: float,
     postgres_restarts: int,
     broker_reset: bool,
-    timeout: float,
+    timeout: float | None,
     keep: bool,
     home: Path | None,
 ) -> None:
     """Kill runtimes, projectors and reconcilers at random points, then check the ledger."""
+    from toolledger.drill.run import DrillConfig
+
     configure_logging(logging.WARNING)
     absorbable = kill_capacity(runs, calls_per_run)
     if kills > absorbable:
@@ -134,7 +144,7 @@ def drill(
         keep=keep,
         home=home,
     )
-    console = Console()
+    console = entry.console()
     try:
         report = _run(config, console)
     except asyncio.CancelledError:
@@ -148,6 +158,12 @@ def drill(
             console.print(f"files: {report.home}; schema {report.schema}")
         return
     names = ", ".join(c.name for c in report.violations)
+    if report.dispatch.timed_out:
+        console.print(
+            f"[red]TIMED OUT[/] after {config.time_limit:.0f} s; checks not met: {names}. "
+            f"Seed {seed}; logs in {report.home}"
+        )
+        sys.exit(ExitStatus.NO)
     console.print(f"[red]VIOLATED[/]: {names}. Seed {seed}; logs in {report.home}")
     sys.exit(ExitStatus.NO)
 
@@ -159,6 +175,8 @@ def kill_capacity(runs: int, calls: int) -> int:
 
 
 def _run(config: DrillConfig, console: Console) -> DrillReport:
+    from toolledger.drill.run import run_drill
+
     columns = (
         TextColumn("[progress.description]{task.description}"),
         BarColumn(),

@@ -22,22 +22,17 @@ The same table is in the README and docs/architecture.md ("Exit statuses").
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
+from typing import TYPE_CHECKING
 
-import faust
-from aiokafka.errors import KafkaError
 from rich.console import Console
 
-from toolledger.api.errors import Conflict, InvalidRequest, Misconfigured, NotFound, Unavailable
-from toolledger.devstack import DevStackError
 from toolledger.errors import ExitStatus, ToolLedgerError
-from toolledger.events.log import LogError, LogIdentityError, TopicMissing
-from toolledger.events.signing import KeySetMismatch
-from toolledger.projections.dberrors import DATABASE_ERRORS
-from toolledger.runtime.agents import AgentConfigError
-from toolledger.runtime.port import LedgerUnavailable
-from toolledger.settings import ConfigError
+
+if TYPE_CHECKING:
+    import faust
 
 LOG_LEVEL_ENV = "TOOLLEDGER_LOG_LEVEL"
 __all__ = [
@@ -58,6 +53,10 @@ _LOG_FORMAT = "%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s"
 #: logs "Updating subscribed topics" each time a consumer is assigned, which the projector's
 #: identity check does every `TOOLLEDGER_IDENTITY_CHECK_S`.
 _CHATTY = ("aiokafka.consumer.subscription_state",)
+#: faust's, mode's and aiokafka's group loggers: about seventy INFO lines at every start of a
+#: faust worker (each service "Starting...", each table recovered, each step of the group join)
+#: that buried the worker's own lines, which say what it owns. Shown at DEBUG, else from WARNING.
+_START_UP = ("faust", "mode", "aiokafka.consumer.group_coordinator", "aiokafka.consumer.consumer")
 
 
 class CommandFailed(ToolLedgerError):
@@ -70,31 +69,51 @@ class CommandFailed(ToolLedgerError):
         self.status = status
 
 
-#: Most specific first: the first class an error is an instance of decides its status.
-_STATUSES: tuple[tuple[type[BaseException] | tuple[type[BaseException], ...], ExitStatus], ...] = (
-    (ConfigError, ExitStatus.USAGE),
-    (AgentConfigError, ExitStatus.USAGE),
-    (InvalidRequest, ExitStatus.USAGE),
-    (Misconfigured, ExitStatus.USAGE),
-    (KeySetMismatch, ExitStatus.USAGE),
-    (NotFound, ExitStatus.NO),
-    (Conflict, ExitStatus.NO),
-    (Unavailable, ExitStatus.UNAVAILABLE),
-    (LedgerUnavailable, ExitStatus.UNAVAILABLE),
-    (TopicMissing, ExitStatus.LOG_MISMATCH),
-    (LogIdentityError, ExitStatus.LOG_MISMATCH),
-    (LogError, ExitStatus.UNAVAILABLE),
-    (DevStackError, ExitStatus.UNAVAILABLE),
-    (KafkaError, ExitStatus.UNAVAILABLE),
-    (DATABASE_ERRORS, ExitStatus.UNAVAILABLE),
-)
+_StatusTable = tuple[tuple[type[BaseException] | tuple[type[BaseException], ...], ExitStatus], ...]
+
+
+@functools.cache
+def _statuses() -> _StatusTable:
+    """Most specific first: the first class an error is an instance of decides its status.
+
+    Built on the first error, not at import: the classes live beside aiokafka, asyncpg and
+    FastAPI, which `toolledger --help` must not import.
+    """
+    from aiokafka.errors import KafkaError
+
+    from toolledger.api.errors import Conflict, InvalidRequest, Misconfigured, NotFound, Unavailable
+    from toolledger.devstack import DevStackError
+    from toolledger.events.log import LogError, LogIdentityError, TopicMissing
+    from toolledger.events.signing import KeySetMismatch
+    from toolledger.projections.dberrors import DATABASE_ERRORS
+    from toolledger.runtime.agents import AgentConfigError
+    from toolledger.runtime.port import LedgerUnavailable
+    from toolledger.settings import ConfigError
+
+    return (
+        (ConfigError, ExitStatus.USAGE),
+        (AgentConfigError, ExitStatus.USAGE),
+        (InvalidRequest, ExitStatus.USAGE),
+        (Misconfigured, ExitStatus.USAGE),
+        (KeySetMismatch, ExitStatus.USAGE),
+        (NotFound, ExitStatus.NO),
+        (Conflict, ExitStatus.NO),
+        (Unavailable, ExitStatus.UNAVAILABLE),
+        (LedgerUnavailable, ExitStatus.UNAVAILABLE),
+        (TopicMissing, ExitStatus.LOG_MISMATCH),
+        (LogIdentityError, ExitStatus.LOG_MISMATCH),
+        (LogError, ExitStatus.UNAVAILABLE),
+        (DevStackError, ExitStatus.UNAVAILABLE),
+        (KafkaError, ExitStatus.UNAVAILABLE),
+        (DATABASE_ERRORS, ExitStatus.UNAVAILABLE),
+    )
 
 
 def exit_status(exc: BaseException) -> ExitStatus:
     """The one mapping from an error to the exit status of the command it stopped."""
     if isinstance(exc, CommandFailed):
         return exc.status
-    for kind, status in _STATUSES:
+    for kind, status in _statuses():
         if isinstance(exc, kind):
             return status
     return ExitStatus.NO
@@ -102,13 +121,22 @@ def exit_status(exc: BaseException) -> ExitStatus:
 
 def handled(exc: BaseException) -> bool:
     """Whether the group reports `exc` as a message (else it is a bug: keep its traceback)."""
-    return isinstance(exc, (ToolLedgerError, KafkaError, *DATABASE_ERRORS))
+    if isinstance(exc, ToolLedgerError):
+        return True
+    from aiokafka.errors import KafkaError
+
+    from toolledger.projections.dberrors import DATABASE_ERRORS
+
+    return isinstance(exc, (KafkaError, *DATABASE_ERRORS))
 
 
 def message(exc: BaseException) -> str:
     """The line an operator reads: toolledger's own errors are already phrased for people."""
+    from toolledger.api.errors import NotFound
+    from toolledger.events.log import LogIdentityError
+
     if isinstance(exc, NotFound):
-        return f"not found: {exc.message}"
+        return f"not found: {exc.message}; list them with `toolledger executions list`"
     if isinstance(exc, LogIdentityError):
         return f"stopped: {exc}"
     if isinstance(exc, ToolLedgerError):
@@ -127,6 +155,8 @@ def configure_logging(default: int | None = None) -> None:
     if name:
         chosen = logging.getLevelName(name.upper())
         if not isinstance(chosen, int):
+            from toolledger.settings import ConfigError
+
             raise ConfigError(
                 f"{LOG_LEVEL_ENV}={name!r} is not a log level: use DEBUG, INFO, WARNING or ERROR"
             )
@@ -141,20 +171,25 @@ def configure_logging(default: int | None = None) -> None:
     root.setLevel(level)
     for chatty in _CHATTY:
         logging.getLogger(chatty).setLevel(max(level, logging.WARNING))
+    for name in _START_UP:
+        logging.getLogger(name).setLevel(
+            level if level <= logging.DEBUG else max(level, logging.WARNING)
+        )
 
 
-def console() -> Console:
+def console(pipe_width: int = _PIPE_WIDTH) -> Console:
     """Rich output for people; cut to the terminal's width only when there is a terminal.
 
     Written to a pipe, a file or a test, rich would fold every table into 80 columns and
     shorten ids and tool names with an ellipsis, so the token id `tokens revoke` needs could
     not be read from `tokens list | cat`. Without a terminal (and without `COLUMNS`) lines are
-    as long as their content.
+    as long as their content (up to `pipe_width`: output with rules, like the demo's, asks for
+    a width a rule can be drawn at).
     """
     shown = Console()
     if shown.is_terminal or os.environ.get("COLUMNS"):
         return shown
-    return Console(width=_PIPE_WIDTH)
+    return Console(width=pipe_width)
 
 
 async def run_worker(app: faust.App) -> None:
@@ -163,6 +198,8 @@ async def run_worker(app: faust.App) -> None:
     toolledger configures logging itself, so faust must not; its spinner would write terminal
     escape codes into the log.
     """
+    import faust
+
     worker = faust.Worker(app, quiet=True, redirect_stdouts=False, override_logging=False)
     worker.spinner = None
     await worker.start()

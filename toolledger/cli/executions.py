@@ -20,22 +20,22 @@ import getpass
 import json
 from collections.abc import Callable, Coroutine
 from datetime import datetime
-from typing import Any, TypeVar, get_args
+from typing import TYPE_CHECKING, Any, TypeVar, get_args
 
 import click
 from rich.table import Table
 
-from toolledger.api.app import close_stack
-from toolledger.api.compensation import RuntimeCompensator, load_tools
-from toolledger.api.errors import Conflict
-from toolledger.api.service import Operator, OperatorService, resolvable_after
 from toolledger.cli import entry
 from toolledger.cli.entry import exit_status
 from toolledger.events.models import utcnow
-from toolledger.events.records import CallRecord, CallStatus
-from toolledger.settings import OperatorSettings, load_settings
-from toolledger.wiring.stack import LedgerStack
-from toolledger.wiring.stack_port import StackPort
+from toolledger.events.records import UNSETTLED, CallRecord, CallStatus
+
+if TYPE_CHECKING:
+    from toolledger.api.service import Operator, OperatorService
+    from toolledger.settings import OperatorSettings
+
+# The operator service, the stack and FastAPI's app module are imported by the commands that
+# run (`_run`, `_as`), not here: `toolledger executions --help` must not load them.
 
 _console = entry.console()
 _T = TypeVar("_T")
@@ -77,6 +77,13 @@ def _run(
     body: Callable[[OperatorService], Coroutine[Any, Any, _T]],
 ) -> _T:
     """Connect, run `body` on a service, close; turn failures into messages and exit codes."""
+    from toolledger.api.app import close_stack
+    from toolledger.api.compensation import RuntimeCompensator, load_tools
+    from toolledger.api.errors import Conflict
+    from toolledger.api.service import OperatorService
+    from toolledger.settings import OperatorSettings, load_settings
+    from toolledger.wiring.stack import LedgerStack
+    from toolledger.wiring.stack_port import StackPort
 
     async def main(settings: OperatorSettings) -> _T:
         registry = load_tools(tools) if tools else {}
@@ -112,8 +119,17 @@ def _run(
         raise click.exceptions.Exit(exit_status(exc)) from exc
 
 
+def _as(tenant: str | None, operator: str) -> Operator:
+    """The CLI's operator: an admin, in `tenant` (None: every tenant), recorded as `operator`."""
+    from toolledger.api.service import Operator
+
+    return Operator(tenant, operator)
+
+
 def _summary(record: CallRecord) -> str:
     """One line: the status, and who decided it, in the words of what happened."""
+    from toolledger.api.service import resolvable_after
+
     text = f"{record.key} is {record.status} (version {record.version})"
     op, reason = record.operator, record.reason
     undoing = record.status in ("compensating", "compensated")
@@ -137,6 +153,9 @@ def _summary(record: CallRecord) -> str:
     return text
 
 
+#: Statuses in which a call waits for someone (a reconcile hook, an operator, an approver): the
+#: only ones whose age since the last change is a waiting time. A settled call waits for no one.
+_WAITING: frozenset[str] = UNSETTLED | {"awaiting_approval"}
 _SETTLERS = {"runtime": "the runtime", "reconcile": "its reconcile hook", "operator": "an operator"}
 #: Statuses whose record's `error` is why the call stands where it is; in any other status the
 #: error is from before the call was settled (an operator resolved it completed, say).
@@ -199,7 +218,7 @@ def list_command(
     page = _run(
         (),
         lambda service: service.list_calls(
-            Operator(tenant, "cli"),
+            _as(tenant, "cli"),
             statuses=chosen,
             tool=tool,
             run_id=run_id,
@@ -209,7 +228,11 @@ def list_command(
         ),
     )
     table = Table(title=f"{len(page.items)} tool executions, longest-waiting first")
-    for column in ("key", "tenant", "tool", "status", "ver", "waiting", "error / reason"):
+    # Keys and tool names are never split over lines (they are copied into the next command);
+    # the rest wraps.
+    for column in ("key", "tenant", "tool"):
+        table.add_column(column, no_wrap=True)
+    for column in ("status", "ver", "waiting", "error / reason"):
         table.add_column(column, overflow="fold")
     for r in page.items:
         table.add_row(
@@ -218,7 +241,7 @@ def list_command(
             r.tool,
             f"{r.status} (contested)" if r.contested else r.status,
             str(r.version),
-            _age(r.updated_at),
+            _age(r.updated_at) if r.status in _WAITING else "-",
             r.reason or (r.error if r.status in _ERROR_IS_CURRENT else None) or "",
         )
     _console.print(table)
@@ -231,7 +254,7 @@ def list_command(
 @_tenant
 def show_command(key: str, tenant: str | None) -> None:
     """Show KEY's record and every event of it, accepted or rejected."""
-    record, history = _run((), lambda service: service.show(Operator(tenant, "cli"), key))
+    record, history = _run((), lambda service: service.show(_as(tenant, "cli"), key))
     _console.print(f"[bold]{_summary(record)}[/bold]")
     _console.print(f"tool {record.tool} ({record.effect}), tenant {record.tenant_id}")
     _console.print(f"arguments {record.arguments_json}")
@@ -283,7 +306,7 @@ def resolve_command(
     record = _run(
         (),
         lambda service: service.resolve(
-            Operator(tenant, operator),
+            _as(tenant, operator),
             key,
             outcome="completed" if outcome == "completed" else "failed",
             reason=reason,
@@ -308,7 +331,7 @@ def approve_command(
     record = _run(
         (),
         lambda service: service.approve(
-            Operator(tenant, operator), key, reason=reason, expected_version=expected_version
+            _as(tenant, operator), key, reason=reason, expected_version=expected_version
         ),
     )
     _console.print(f"[green]approved[/green]: {_summary(record)}")
@@ -327,7 +350,7 @@ def reject_command(
     record = _run(
         (),
         lambda service: service.reject(
-            Operator(tenant, operator), key, reason=reason, expected_version=expected_version
+            _as(tenant, operator), key, reason=reason, expected_version=expected_version
         ),
     )
     _console.print(f"[green]rejected[/green]: {_summary(record)}")
@@ -351,7 +374,7 @@ def compensate_command(
 ) -> None:
     """Undo the completed call KEY by running its tool's compensation once (KEY:compensate)."""
     done = _run(
-        tools, lambda service: service.compensate(Operator(tenant, operator), key, reason=reason)
+        tools, lambda service: service.compensate(_as(tenant, operator), key, reason=reason)
     )
     colour = "green" if done.record.status == "compensated" else "yellow"
     _console.print(f"[{colour}]{done.record.status}[/{colour}]: {_summary(done.record)}")

@@ -1,7 +1,8 @@
-"""`toolledger history | dead-letters | replay`: read the ledger and prove it equals the log.
+"""`toolledger history | dead-letters | replay | audit`: read the ledger, prove it equals the log.
 
-All three read PostgreSQL (and, for replay, Kafka) as configured by `TOOLLEDGER_*`. Output is
-rich tables for people; `replay --verify` exits 0 only when the re-fold is identical.
+They read PostgreSQL (and, for replay and audit, Kafka) as configured by `TOOLLEDGER_*`. Output
+is rich tables for people; `replay --verify` exits 0 only when the re-fold is identical. A
+replay or an `audit --as-of` folds in memory unless `--into` names a new schema.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import asyncio
 import sys
 from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
@@ -20,22 +21,62 @@ from toolledger.audit import as_of_targets, story
 from toolledger.cli import entry
 from toolledger.cli.entry import ExitStatus
 from toolledger.events.fold import HistoryEntry, broken_chains
-from toolledger.events.kafka import KafkaLog
+from toolledger.events.records import UNSETTLED
 from toolledger.events.signing import VerifyKeys
 from toolledger.projections.memory import MemoryLedger
-from toolledger.projections.postgres import PostgresLedger
-from toolledger.projections.replay import ReplayReport, compare, copy_blobs, replay
-from toolledger.projections.replay_processes import (
-    replay_in_memory,
-    replay_in_processes,
-    replay_into_memory,
+from toolledger.projections.replay import (
+    ReplayReport,
+    ReplayTargetInUse,
+    compare,
+    copy_blobs,
+    replay,
 )
 from toolledger.projections.store import LedgerStore
 from toolledger.runtime.port import CallQuery
 from toolledger.settings import ProjectorSettings, Settings, load_settings
 
+if TYPE_CHECKING:
+    from toolledger.events.kafka import KafkaLog
+    from toolledger.projections.postgres import PostgresLedger
+
+# The Kafka log and the PostgreSQL ledger (aiokafka, asyncpg) are imported by the commands that
+# read them: `--help` must not load them.
+
 _console = entry.console()
 _T = TypeVar("_T")
+
+
+class _Instant(click.ParamType):
+    """A moment as toolledger prints it: ISO 8601, with or without milliseconds, with `Z`, an
+    offset or nothing (UTC); returned in UTC."""
+
+    name = "TIMESTAMP"
+
+    def convert(
+        self, value: object, param: click.Parameter | None, ctx: click.Context | None
+    ) -> datetime:
+        if isinstance(value, datetime):
+            moment = value
+        else:
+            try:
+                moment = datetime.fromisoformat(str(value).strip())
+            except ValueError:
+                self.fail(
+                    f"{value!r} is not a timestamp: give it as toolledger prints them, e.g. "
+                    "2026-03-01T14:02:07.123Z, 2026-03-01T15:02:07+01:00 or 2026-03-01 14:02:07 "
+                    "(UTC)",
+                    param,
+                    ctx,
+                )
+        return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
+def _replay_target(into: str, exc: ReplayTargetInUse) -> entry.CommandFailed:
+    return entry.CommandFailed(
+        f"schema {into} already holds a projection, and --into needs a new, empty one: pick "
+        f"another name (e.g. --into {into}_2), or drop it first ({exc})",
+        ExitStatus.USAGE,
+    )
 
 
 def _run(body: Callable[[ProjectorSettings], Coroutine[object, object, _T]]) -> _T:
@@ -46,6 +87,8 @@ def _run(body: Callable[[ProjectorSettings], Coroutine[object, object, _T]]) -> 
 
 async def _store(settings: Settings, schema: str | None = None) -> PostgresLedger:
     """The live ledger (`schema` None: read only, no keys) or a replay target (with keys)."""
+    from toolledger.projections.postgres import PostgresLedger
+
     database_url, _ = settings.require_services()
     keys = VerifyKeys()
     if schema is not None and isinstance(settings, ProjectorSettings):
@@ -97,7 +140,8 @@ def history(key: str) -> None:
         if not is_call:
             columns.insert(2, "key")
         for col in columns:
-            table.add_column(col, overflow="fold")
+            # Ids (keys, event names, actors) are never split over lines; the detail wraps.
+            table.add_column(col, overflow="fold", no_wrap=col != "detail")
         table.add_column("chain", no_wrap=True)
         for h in entries:
             verdict = "[green]accepted[/green]" if h.accepted else f"[red]{h.reason}[/red]"
@@ -173,6 +217,14 @@ def replay_command(into: str | None, verify: bool, processes: int) -> None:
     where = into or "memory"
 
     async def body(settings: ProjectorSettings) -> ReplayReport:
+        from toolledger.events.kafka import KafkaLog
+        from toolledger.projections.postgres import PostgresLedger
+        from toolledger.projections.replay_processes import (
+            replay_in_memory,
+            replay_in_processes,
+            replay_into_memory,
+        )
+
         keys = settings.require_verify_keys()
         _console.print(
             f"verifying operator signatures with TOOLLEDGER_VERIFY_KEYS: {keys.describe()}",
@@ -247,6 +299,8 @@ def replay_command(into: str | None, verify: bool, processes: int) -> None:
                     )
                 report.differences += blob_problems
             return report
+        except ReplayTargetInUse as exc:
+            raise _replay_target(str(into), exc) from exc
         finally:
             if fresh is not None:
                 await fresh.close()
@@ -274,35 +328,38 @@ def replay_command(into: str | None, verify: bool, processes: int) -> None:
 @click.option("--run", "run_id", help="Tell the whole run's story instead of one key's.")
 @click.option(
     "--as-of",
-    type=click.DateTime(formats=["%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M:%S.%f", "%Y-%m-%d %H:%M:%S"]),
-    help="Rebuild the ledger as it stood at this UTC time (needs --into).",
+    type=_Instant(),
+    help="Rebuild the ledger as it stood at this time, as toolledger prints times "
+    "(2026-03-01T14:02:07.123Z, an offset, or none: UTC); in memory unless --into.",
 )
-@click.option("--into", help="Schema to rebuild the ledger into for --as-of.")
+@click.option("--into", help="A new, empty schema to rebuild the ledger into for --as-of.")
 def audit_command(
     key: str | None, run_id: str | None, as_of: datetime | None, into: str | None
 ) -> None:
     """KEY's (or --run's) story from the log itself: every request, its actor and its verdict."""
     if key is None and run_id is None:
         raise click.UsageError("give a KEY (run:call) or --run RUN")
-    if as_of is not None and into is None:
-        raise click.UsageError("--as-of needs --into SCHEMA (a new, empty schema)")
+    if into is not None and as_of is None:
+        raise click.UsageError("--into is where --as-of rebuilds the ledger: give --as-of too")
     run = run_id or str(key).split(":", 1)[0]
 
-    async def body(settings: Settings) -> int:
+    async def body(settings: ProjectorSettings) -> int:
+        from toolledger.events.kafka import KafkaLog
+
         _, bootstrap = settings.require_services()
         log = KafkaLog(bootstrap, settings.events_topic)
         await log.start()
         store = await _store(settings)
         try:
-            if as_of is not None and into is not None:
-                return await _as_of(log, settings, as_of.replace(tzinfo=UTC), into, key)
+            if as_of is not None:
+                return await _as_of(log, settings, as_of, into, key)
             entries = await story(log, store, run_id=run, key=key)
         finally:
             await store.close()
             await log.close()
         table = Table(title=f"story of {key or run} (from {settings.events_topic})")
         for col in ("offset", "appended", "event", "key", "actor", "verdict", "detail"):
-            table.add_column(col)
+            table.add_column(col, no_wrap=col != "detail")
         for e in entries:
             v = e.verdict
             verdict = (
@@ -326,14 +383,23 @@ def audit_command(
 
 
 async def _as_of(
-    log: KafkaLog, settings: Settings, as_of: datetime, into: str, key: str | None
+    log: KafkaLog, settings: ProjectorSettings, as_of: datetime, into: str | None, key: str | None
 ) -> int:
-    fresh = await _store(settings, into)
+    """Fold the log up to `as_of` into `into` (None: in memory, as `replay` does)."""
+    fresh: LedgerStore = (
+        await _store(settings, into)
+        if into
+        else MemoryLedger(verify_keys=settings.require_verify_keys())
+    )
     try:
         targets = await as_of_targets(log, as_of)
-        report = await replay(log, fresh, targets=targets)
+        try:
+            report = await replay(log, fresh, targets=targets)
+        except ReplayTargetInUse as exc:
+            raise _replay_target(str(into), exc) from exc
+        where = f"into schema {into}" if into else "in memory"
         _console.print(
-            f"rebuilt the ledger as of {as_of.isoformat()} into schema {into}: "
+            f"rebuilt the ledger as of {as_of.isoformat(timespec='milliseconds')} {where}: "
             f"{report.events} events"
         )
         if key is not None:
@@ -341,9 +407,13 @@ async def _as_of(
             if record is None:
                 _console.print(f"{key} did not exist yet")
             else:
+                settled = (
+                    f", settled by {record.settled_by}"
+                    if record.settled_by is not None and record.status not in UNSETTLED
+                    else ", not settled"
+                )
                 _console.print(
-                    f"{key} was [bold]{record.status}[/bold] (version {record.version}, "
-                    f"settled by {record.settled_by or '-'})"
+                    f"{key} was [bold]{record.status}[/bold] (version {record.version}{settled})"
                 )
     finally:
         await fresh.close()

@@ -23,11 +23,12 @@ import signal
 import click
 
 from toolledger.cli.entry import configure_logging
-from toolledger.settings import ProjectorSettings, load_settings
-from toolledger.wiring.stack import LedgerStack
 
 
 async def _run(status_every: float) -> None:
+    from toolledger.settings import ProjectorSettings, load_settings
+    from toolledger.wiring.stack import LedgerStack
+
     settings = load_settings(ProjectorSettings)
     settings.require_verify_keys()
     # It waits for no verdict, so it does not LISTEN to the notifications it sends itself.

@@ -12,23 +12,23 @@ from __future__ import annotations
 import asyncio
 import logging
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import click
 
-from toolledger import telemetry
 from toolledger.cli.entry import CommandFailed, ExitStatus, configure_logging, run_worker
-from toolledger.events.log import TopicMissing
-from toolledger.processors.app import DEFAULT_SESSION_TIMEOUT_S
-from toolledger.processors.reconciler import Reconciler, collect_tools, reconciler_app
-from toolledger.processors.schedule import ReconcilePolicy
-from toolledger.settings import load_settings
-from toolledger.wiring.stack import LedgerStack
-from toolledger.wiring.stack_port import StackPort
+from toolledger.processors import DEFAULT_SESSION_TIMEOUT_S
+
+if TYPE_CHECKING:
+    from toolledger.processors.reconciler import Reconciler
+    from toolledger.processors.schedule import ReconcilePolicy
 
 log = logging.getLogger("toolledger.reconciler")
 
 
 def _policies(default: ReconcilePolicy, overrides: tuple[str, ...]) -> dict[str, ReconcilePolicy]:
+    from toolledger.processors.schedule import ReconcilePolicy
+
     policies: dict[str, ReconcilePolicy] = {}
     for item in overrides:
         name, sep, value = item.partition("=")
@@ -56,6 +56,13 @@ async def _run(
     scan_every: float,
     concurrency: int,
 ) -> None:
+    from toolledger import telemetry
+    from toolledger.events.log import TopicMissing
+    from toolledger.processors.reconciler import Reconciler, collect_tools, reconciler_app
+    from toolledger.settings import load_settings
+    from toolledger.wiring.stack import LedgerStack
+    from toolledger.wiring.stack_port import StackPort
+
     settings = load_settings()
     tools = collect_tools(modules)
     hooked = sorted(name for name, tool in tools.items() if tool.reconcile is not None)
@@ -187,6 +194,8 @@ def reconciler(
     concurrency: int,
 ) -> None:
     """Settle unknown calls with their tools' reconcile hooks (configured by TOOLLEDGER_*)."""
+    from toolledger.processors.schedule import ReconcilePolicy
+
     configure_logging(logging.INFO)
     modules = [m.strip() for item in tool_modules for m in item.split(",") if m.strip()]
     try:

@@ -13,14 +13,15 @@ import logging
 import click
 
 from toolledger.cli.entry import configure_logging, run_worker
-from toolledger.events.log import TopicMissing
-from toolledger.processors.app import DEFAULT_SESSION_TIMEOUT_S
-from toolledger.processors.resumer import Resumer, load_hook, resumer_app
-from toolledger.settings import load_settings
-from toolledger.wiring.stack import LedgerStack
+from toolledger.processors import DEFAULT_SESSION_TIMEOUT_S
 
 
 async def _run(spec: str, group: str | None, session_timeout: float) -> None:
+    from toolledger.events.log import TopicMissing
+    from toolledger.processors.resumer import Resumer, load_hook, resumer_app
+    from toolledger.settings import load_settings
+    from toolledger.wiring.stack import LedgerStack
+
     settings = load_settings()
     hook = load_hook(spec)
     stack = await LedgerStack.connect(settings, create_topics=False)

@@ -21,8 +21,6 @@ from rich.table import Table
 from toolledger.api.tokens import ROLES, PostgresTokens
 from toolledger.cli import entry
 from toolledger.cli.entry import ExitStatus
-from toolledger.events.models import utcnow
-from toolledger.settings import ConfigError, load_settings
 
 _console = entry.console()
 _T = TypeVar("_T")
@@ -41,6 +39,8 @@ def parse_ttl(text: str) -> timedelta:
 
 
 def _run(body: Callable[[PostgresTokens], Coroutine[Any, Any, _T]]) -> _T:
+    from toolledger.settings import ConfigError, load_settings
+
     async def main() -> _T:
         settings = load_settings()
         if not settings.database_url:
@@ -91,6 +91,8 @@ def create_command(tenant: str, operator: str, role: str, ttl: str) -> None:
 @click.option("--tenant", default=None, help="Only this tenant's tokens.")
 def list_command(tenant: str | None) -> None:
     """List tokens (never the tokens themselves: only their ids and scopes)."""
+    from toolledger.events.models import utcnow
+
     found = _run(lambda store: store.list_tokens(tenant))
     now = utcnow()
     table = Table(title=f"{len(found)} API tokens")

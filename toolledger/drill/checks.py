@@ -7,6 +7,12 @@ billing can prove is limited to what reached it: a request that never arrived le
 which is why "no completed call ran twice" counts requests (every arrival) and not only credits
 (which the idempotency key already dedups), and why "one effect per step" groups credits by the
 memo the model put in the arguments, so a second charge under a new key is caught too.
+
+Two checks judge what the drill did rather than what the ledger kept, and both are written so
+that a loaded machine cannot fail them on a count alone: the kill check asks for every kind of
+runtime kill at least once (the driver retries a kind whose plan missed), not for the exact
+budget; and a drill that ran out of time says so in a check of its own, while the checks of
+effects count the calls still in flight at that moment as in flight, not as untruthful records.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from toolledger.drill.billing import Effect
+from toolledger.drill.killpoints import KILL_KINDS
 from toolledger.drill.model import memo, step_of
 from toolledger.drill.operator import ListingChecks
 from toolledger.events.fold import HistoryEntry
@@ -29,6 +36,8 @@ class Check:
     name: str
     ok: bool
     detail: str
+    #: What the summary says when the check does not hold.
+    failed_as: str = "VIOLATED"
 
 
 @dataclass(frozen=True)
@@ -61,10 +70,16 @@ class Evidence:
     listed_at_end: set[str]
     refold: Refold
     poison: list[str]
-    kills: int
+    #: Runtime kills delivered, by kind (`KILL_KINDS`, and "unattributed").
+    kills: Mapping[str, int]
     kills_requested: int
     unattributed_kills: int
     errors: list[str]
+    #: The kinds the drill meant to deliver (`Dispatcher.kill_kinds`).
+    kill_kinds: tuple[str, ...] = KILL_KINDS
+    #: The drill's time limit (s), and whether it ran out before every run finished.
+    timeout: float = 0.0
+    timed_out: bool = False
     zombies: int = 0
     zombies_stood_down: int = 0
     identity_stops: list[str] = field(default_factory=list)
@@ -108,7 +123,7 @@ def judge(ev: Evidence) -> tuple[list[Check], Tally]:
         _at_most_one_effect(by_key, by_step, tally),
         _one_effect_per_call_of_finished_runs(ev, calls, history, by_step),
         _no_completed_call_ran_twice(ev, calls),
-        _effects_match_the_ledger(calls, by_key),
+        _effects_match_the_ledger(calls, by_key, in_flight_ok=ev.timed_out),
         _unsettled_listed(ev),
         _refold(ev.refold),
         _poison(ev),
@@ -176,6 +191,21 @@ def _reconciled_by(entries: Iterable[HistoryEntry], reconciler_pids: set[int]) -
 
 
 def _runs_finished(ev: Evidence) -> Check:
+    if ev.timed_out:
+        done = sum(
+            1
+            for r in ev.runs
+            if r in ev.snapshot.runs and ev.snapshot.runs[r].status == "completed"
+        )
+        return Check(
+            "every run finished within the drill's timeout",
+            False,
+            f"timed out after {ev.timeout:.0f} s with {done} of {len(ev.runs)} runs completed "
+            "in the ledger; "
+            "the other checks judged what was done by then. Give it longer (--timeout) or "
+            "fewer runs",
+            failed_as="TIMED OUT",
+        )
     statuses = Counter(
         (ev.snapshot.runs[r].status if r in ev.snapshot.runs else "never started") for r in ev.runs
     )
@@ -185,7 +215,7 @@ def _runs_finished(ev: Evidence) -> Check:
     detail = ", ".join(f"{n} {s}" for s, n in sorted(statuses.items()))
     if unfinished:
         detail += f"; e.g. {', '.join(unfinished[:5])}"
-    return Check("every run finished", not unfinished, detail)
+    return Check("every run finished within the drill's timeout", not unfinished, detail)
 
 
 def _one_record_per_key(
@@ -296,17 +326,30 @@ def _no_completed_call_ran_twice(ev: Evidence, calls: Mapping[str, CallRecord]) 
 
 
 def _effects_match_the_ledger(
-    calls: Mapping[str, CallRecord], by_key: Mapping[str, list[Effect]]
+    calls: Mapping[str, CallRecord], by_key: Mapping[str, list[Effect]], *, in_flight_ok: bool
 ) -> Check:
+    """Every credit's call is completed, and no failed call took effect.
+
+    With `in_flight_ok` (the drill timed out), a credit whose call is still unsettled is a call
+    in flight when the time ran out: its record says "not known yet", which is the truth.
+    """
     problems = []
+    in_flight = 0
     for key in by_key:
         call = calls.get(key)
-        if call is None or call.status != "completed":
+        if in_flight_ok and call is not None and call.status in UNSETTLED:
+            in_flight += 1
+        elif call is None or call.status != "completed":
             problems.append(f"{key} took effect but the ledger says {call and call.status}")
     for key, call in calls.items():
         if call.status == "failed" and key in by_key:
             problems.append(f"{key} is failed but took effect")
     detail = "every credit's call is completed; no failed call took effect"
+    if in_flight:
+        detail = (
+            f"every credit's call is completed or was in flight at the time-out ({in_flight}, "
+            "still unsettled); no failed call took effect"
+        )
     return Check(
         "the ledger tells the truth about effects",
         not problems,
@@ -354,8 +397,25 @@ def _poison(ev: Evidence) -> Check:
 
 
 def _kills(ev: Evidence) -> Check:
-    ok = ev.kills >= ev.kills_requested and ev.unattributed_kills == 0
-    detail = f"{ev.kills} of {ev.kills_requested} requested"
+    """Every kind of runtime kill at least once (as many kinds as kills were asked for), and
+    every kill the drill's own.
+
+    Not "as many kills as requested": a plan misses when its worker finishes first, which a
+    loaded machine makes common ("28 of 30 requested" failed a drill whose every kind had
+    struck). The driver retries the kinds it missed, so a kind never delivered means the
+    drill could not deliver it, and that is the violation.
+    """
+    done = sum(ev.kills.values())
+    wanted = ev.kill_kinds[: max(0, min(ev.kills_requested, len(ev.kill_kinds)))]
+    delivered = [k for k in ev.kill_kinds if ev.kills.get(k)]
+    missing = [k for k in ev.kill_kinds if not ev.kills.get(k)]
+    enough = len(delivered) >= len(wanted)
+    by_kind = ", ".join(f"{k} {ev.kills.get(k, 0)}" for k in ev.kill_kinds)
+    detail = f"{done} kills ({ev.kills_requested} planned): {by_kind}"
+    if not enough:
+        detail += f"; never delivered: {', '.join(missing)}"
     if ev.unattributed_kills:
         detail += f"; {ev.unattributed_kills} workers died of SIGKILL at no known point"
-    return Check("runtime kills as requested", ok, detail)
+    return Check(
+        "every kind of runtime kill delivered", enough and ev.unattributed_kills == 0, detail
+    )

@@ -13,9 +13,12 @@ Most workers are sent to die. While the kill budget lasts, each new worker gets 
 kill point and a count (it SIGKILLs itself the n-th time it reaches that point, after logging
 it), or an external SIGKILL from the driver at a random moment after it connected. The count
 is drawn so that the kills spread over the drill: about as many calls are made between two
-kills as there is work left per kill left. Once the budget is spent, workers run clean and the
-remaining runs finish. Now and then a run that a live worker drives is handed to a second one
-as well (two runtimes driving one run): fencing must make one of them stand down.
+kills as there is work left per kill left. Plans aim first at the kinds of kill not delivered
+yet (`kinds_owed`): a plan that missed (its worker finished first, which load makes common) is
+retried, past the budget if need be. Once the budget is spent and every kind was delivered,
+workers run clean and the remaining runs finish. Now and then a run that a live worker drives
+is handed to a second one as well (two runtimes driving one run): fencing must make one of them
+stand down.
 
 A run whose process died after `RunStarted` landed but before its prompt checkpoint did cannot
 be resumed (`AgentRun.resume` says so): it is replaced by a new run and counted as such.
@@ -35,7 +38,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from toolledger.drill.killpoints import EXTERNAL, KILL_POINTS, KillPlan, append_line, read_lines
+from toolledger.drill.killpoints import (
+    EXTERNAL,
+    KILL_KINDS,
+    KILL_POINTS,
+    KillPlan,
+    append_line,
+    kinds_owed,
+    read_lines,
+)
 from toolledger.drill.ledgerdb import LedgerDB
 from toolledger.drill.model import TENANT
 from toolledger.drill.procs import Proc, Procs
@@ -161,6 +172,7 @@ class Dispatcher:
                     log.error(
                         "the drill ran out of time with %d runs unfinished", len(self.pending)
                     )
+                    self._stop_live()
                     return
                 self._reap()
                 self._external_kills(now)
@@ -175,6 +187,14 @@ class Dispatcher:
                 await asyncio.sleep(0.05)
         finally:
             self.retire_spares()
+
+    def _stop_live(self) -> None:
+        """At the time-out: stop the workers still driving runs, so that the ledger the checks
+        read no longer moves (their calls in flight stay unsettled, and are judged so). Not
+        counted as kills: the drill did not plan them."""
+        for worker in self.live:
+            worker.proc.kill()
+        self.live.clear()
 
     def retire_spares(self) -> None:
         """Tell the idle spares there is nothing to do, and let them exit."""
@@ -263,9 +283,29 @@ class Dispatcher:
         for run in runs:
             self.held.setdefault(run, set()).add(spare.name)
 
+    @property
+    def kill_kinds(self) -> tuple[str, ...]:
+        """The kinds of kill this drill delivers (no external ones with `external_share` 0)."""
+        return KILL_KINDS if self.config.external_share > 0 else KILL_POINTS
+
+    def _owed(self) -> list[str]:
+        planned: list[str | None] = [w.plan.point for w in self.live]
+        planned += [EXTERNAL for w in self.live if w.external_after is not None]
+        return kinds_owed(self.kill_kinds, self.tally.kills, planned)
+
+    def _aim(self, kind: str, nth: int) -> tuple[KillPlan, float | None]:
+        for point in KILL_POINTS:
+            if point == kind:
+                return KillPlan(point, nth), None
+        return KillPlan(), self.rng.uniform(0.02, 1.5)
+
     def _plan(self) -> tuple[KillPlan, float | None]:
-        if self.kills_done >= self.config.kills:
+        if self.config.kills <= 0:
             return KillPlan(), None
+        owed = self._owed()
+        if self.kills_done >= self.config.kills:
+            # The budget is spent but a kind was missed: retry it at its first chance.
+            return self._aim(owed[0], 1) if owed else (KillPlan(), None)
         # Spread the kills over the first three quarters of the work (in the last quarter few
         # runs are left, and a run whose call must wait for its deadline to pass waits alone):
         # about as many calls between two kills as calls left for kills per kill left.
@@ -277,18 +317,21 @@ class Dispatcher:
             # finishes. Plans of live workers are not counted here (one that never fires, an
             # external kill that comes after its worker finished, must not leave the budget
             # unspent), so the last kills may overshoot it by a few.
-            return KillPlan("model", 1), None
+            return self._aim(owed[0] if owed else "model", 1)
         planned = sum(1 for w in self.live if w.plan.point or w.external_after is not None)
         left = self.config.kills - self.kills_done - planned
         if left <= 0:
             return KillPlan(), None
-        if self.rng.random() < self.config.external_share:
-            return KillPlan(), self.rng.uniform(0.02, 1.5)
+        if owed:
+            kind = self.rng.choice(owed)
+        elif self.rng.random() < self.config.external_share:
+            kind = EXTERNAL
+        else:
+            kind = self.rng.choice(KILL_POINTS)
         mean = spread / left
         if mean <= 1:
-            return KillPlan("model", 1), None
-        nth = self.rng.randint(1, max(1, math.floor(2 * mean) - 1))
-        return KillPlan(self.rng.choice(KILL_POINTS), nth), None
+            return self._aim(kind, 1)
+        return self._aim(kind, self.rng.randint(1, max(1, math.floor(2 * mean) - 1)))
 
     def _top_up_spares(self) -> None:
         while len(self.spares) + len(self.live) < self.config.workers + self.config.spares:

@@ -17,7 +17,7 @@ import os
 import signal
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -34,6 +34,23 @@ KillPoint = Literal[
 KILL_POINTS: tuple[KillPoint, ...] = get_args(KillPoint)
 #: The label of kills the drill driver sends from outside, at a random moment.
 EXTERNAL = "external"
+#: Every kind of runtime kill a drill delivers: each kill point, and the external SIGKILL.
+KILL_KINDS: tuple[str, ...] = (*KILL_POINTS, EXTERNAL)
+
+
+def kinds_owed(
+    kinds: tuple[str, ...], done: Mapping[str, int], planned: Iterable[str | None]
+) -> list[str]:
+    """The kinds of kill not delivered yet and not in any live worker's plan, in `kinds` order.
+
+    A plan can miss: the worker finishes its runs before it reaches its point the n-th time,
+    or an external kill comes after its worker exited. Under load that happens more often, so
+    the driver aims its next plans at the kinds still owed (again and again, past the kill
+    budget if need be, while runs are left to carry them): the drill then proves recovery
+    from every kind, which a count of kills alone never promised.
+    """
+    aimed = set(planned)
+    return [kind for kind in kinds if not done.get(kind) and kind not in aimed]
 
 
 @dataclass(frozen=True)

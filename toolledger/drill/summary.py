@@ -8,12 +8,15 @@ both as plain text for docs and test failures.
 from __future__ import annotations
 
 import io
+from typing import TYPE_CHECKING
 
 from rich.console import Console, Group
 from rich.table import Table
 
 from toolledger.drill.killpoints import EXTERNAL, KILL_POINTS
-from toolledger.drill.run import DrillReport
+
+if TYPE_CHECKING:
+    from toolledger.drill.run import DrillReport
 
 
 def drill_table(report: DrillReport) -> Table:
@@ -71,7 +74,7 @@ def checks_table(report: DrillReport) -> Table:
     table.add_column("result")
     table.add_column("evidence", overflow="fold")
     for check in report.checks:
-        table.add_row(check.name, "ok" if check.ok else "VIOLATED", check.detail)
+        table.add_row(check.name, "ok" if check.ok else check.failed_as, check.detail)
     return table
 
 

@@ -33,10 +33,10 @@ from typing import Any
 
 import faust
 
+from toolledger.processors import DEFAULT_SESSION_TIMEOUT_S
 from toolledger.settings import Settings
 
-#: Session timeout against the development broker: 2-6 s is what docs/architecture.md asks for.
-DEFAULT_SESSION_TIMEOUT_S = 3.0
+__all__ = ["DEFAULT_SESSION_TIMEOUT_S", "processor_app"]
 
 
 def processor_app(

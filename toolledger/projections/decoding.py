@@ -44,7 +44,13 @@ class DecodedBatch:
     items: list[Positioned | DeadLetter]
     dead: list[DeadLetter]
     next_offset: int
+    #: Why the batch stops before a record this process cannot judge, as a projector says it
+    #: (it halts the partition there) and as a replay does (it halts nothing: it stops).
     halted: str | None = None
+    stopped: str | None = None
+
+    def stop(self, what: str, halt: str, replay: str) -> None:
+        self.halted, self.stopped = what + halt, what + replay
 
 
 def decode_records(
@@ -75,10 +81,12 @@ def _decode_records(
         if record.offset < batch.next_offset:
             continue
         if record.offset > batch.next_offset:
-            batch.halted = (
+            batch.stop(
                 f"partition {partition} offset {batch.next_offset}: the log has no record there "
                 f"but has one at {record.offset}. The events topic must not be compacted or "
-                "written with transactions; the partition is halted before the hole"
+                "written with transactions",
+                "; the partition is halted before the hole",
+                "; the replay stopped before the hole",
             )
             break
         if record.is_epoch_marker:
@@ -93,9 +101,11 @@ def _decode_records(
                 )
         except DecodeError as err:
             if err.reason == "unknown_fingerprint":
-                batch.halted = (
-                    f"partition {partition} offset {record.offset}: {err} The partition is "
-                    "halted; upgrade this projector to a version that knows the schema"
+                batch.stop(
+                    f"partition {partition} offset {record.offset}: {err}",
+                    " The partition is halted; upgrade this projector to a version that knows "
+                    "the schema",
+                    " The replay stopped there; run it with a version that knows the schema",
                 )
                 break
             batch.dead.append(_dead(partition, record, str(err)))
@@ -104,9 +114,10 @@ def _decode_records(
         else:
             unknown = _unknown_signer(event, keys)
             if unknown is not None:
-                batch.halted = (
-                    f"partition {partition} offset {record.offset}: {unknown}. The partition "
-                    "is halted until then"
+                batch.stop(
+                    f"partition {partition} offset {record.offset}: {unknown}",
+                    ". The partition is halted until then",
+                    ". The replay stopped there (a replay halts nothing)",
                 )
                 break
             batch.items.append(Positioned(partition, record.offset, event))

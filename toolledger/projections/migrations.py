@@ -18,9 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias
 
-import asyncpg
-
 if TYPE_CHECKING:
+    import asyncpg
     from asyncpg.pool import PoolConnectionProxy
 
     Conn: TypeAlias = asyncpg.Connection[asyncpg.Record] | PoolConnectionProxy[asyncpg.Record]

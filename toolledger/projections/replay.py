@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from toolledger.errors import ToolLedgerError
 from toolledger.events.fold import broken_chains
 from toolledger.events.log import EventLog, LogIdentity, LogIdentityError, LogRecord
 from toolledger.events.payloads import OFFLOADABLE, digest_of
@@ -76,12 +77,32 @@ async def replay(
     return report
 
 
+class ReplayStopped(LogIdentityError):
+    """A replay met a record it cannot judge (an unknown key id or schema, a hole) and stopped
+    there; unlike a projector it halts nothing, so it says so in its own words."""
+
+    code = "replay_stopped"
+
+
+class ReplayTargetInUse(ToolLedgerError, ValueError):
+    """A replay was pointed at a store that already holds a projection: a usage error (pick a
+    new schema), not a log that differs from the ledger's."""
+
+    code = "replay_target_in_use"
+
+
 async def bind_empty(log: EventLog, into: LedgerStore) -> LogIdentity:
-    """Bind `into` to the log's identity; `LogIdentityError` unless it holds no projection."""
+    """Bind `into` to the log's identity; `ReplayTargetInUse` unless it holds no projection."""
     identity = await log.identity()
-    states = await into.bind_log(identity)
+    try:
+        states = await into.bind_log(identity)
+    except LogIdentityError as exc:  # bound to another log: in use all the same
+        raise ReplayTargetInUse(
+            f"the replay target already holds a projection of another log ({exc}); replay "
+            "into a new, empty schema"
+        ) from exc
     if any(state.next_offset != 1 for state in states.values()):
-        raise LogIdentityError(
+        raise ReplayTargetInUse(
             "the replay target already holds a projection; replay into a new, empty schema"
         )
     return identity
@@ -152,8 +173,8 @@ async def _fold(
     """Decode and apply one partition's records from `start`: the offset reached, how many
     verdicts the batch had, and how many dead letters."""
     batch = decode_records(partition, records, start, into.verify_keys)
-    if batch.halted is not None:
-        raise LogIdentityError(batch.halted)
+    if batch.stopped is not None:
+        raise ReplayStopped(batch.stopped)
     if batch.next_offset <= start:
         return start, 0, 0
     verdicts = await into.apply_batch(partition, start, batch.next_offset, batch.items)

@@ -7,7 +7,9 @@ nothing changes, when it is missing or wrong), then the role with the JSON API's
 required, `expected_version` (the version the operator saw on the page, carried in the form),
 and the decider's compare-and-set. The answer page shows the new record, or, when the ledger
 refused (409), the record as it is now: who settled it, when, with which reason, and why this
-decision lost.
+decision lost. A form the ledger refuses as given (a blank or whitespace-only reason, a value
+that is not JSON) comes back on the call's page with the message beside it and what was typed
+kept (422), not as a page of its own that loses it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 
 from toolledger.api.auth import ApiError, api_context
+from toolledger.api.console.pages import FormAgain, detail_page
 from toolledger.api.console.sessions import COOKIE
 from toolledger.api.console.web import (
     PREFIX,
@@ -90,6 +93,11 @@ async def decide(request: Request, decision: str) -> Response:
     key = fields.get("key", "")
     try:
         outcome = await _apply(request, signed, decision, key, fields)
+    except InvalidRequest as exc:
+        # The form as given cannot be applied: the same page again, the message beside the
+        # form and what was typed still in it (the JSON API answers the same error with 422).
+        again = FormAgain(decision, fields, exc.message)
+        return await detail_page(request, signed, key, http_status(exc), again)
     except Conflict as exc:
         return render(
             request,

@@ -158,9 +158,31 @@ def attempts(record: CallRecord, history: list[HistoryEntry]) -> int:
     return ran + (record.status == "started")
 
 
+@dataclass(frozen=True)
+class FormAgain:
+    """A decision form the ledger refused as given (a blank reason, a value that is not JSON):
+    shown again on the detail page with the message beside it and what was typed kept."""
+
+    decision: str
+    fields: dict[str, str]
+    message: str
+
+    def shows(self, *decisions: str) -> bool:
+        return self.decision in decisions
+
+    def typed(self, name: str) -> str:
+        return self.fields.get(name, "")
+
+
 @router.get("/call", response_class=HTMLResponse)
 async def call_detail(request: Request, key: Annotated[str, Query(max_length=1000)]) -> Response:
-    signed = await signed_in(request)
+    return await detail_page(request, await signed_in(request), key)
+
+
+async def detail_page(
+    request: Request, signed: Signed, key: str, status: int = 200, form: FormAgain | None = None
+) -> Response:
+    """The detail page of `key` (with `form`: a refused form shown again, inline)."""
     service = api_context(request).service
     try:
         record, history = await service.show(signed.who, key)
@@ -173,12 +195,14 @@ async def call_detail(request: Request, key: Annotated[str, Query(max_length=100
     return render(
         request,
         "detail.html",
+        status,
         signed=signed,
         title=f"{record.key} · toolledger console",
         record=record,
         history=[_entry(h) for h in history],
         chain=broken_chains(history),
         run=run,
+        form=form,
     )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 import jinja2
+import markupsafe
 from fastapi import Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
@@ -150,6 +152,42 @@ def pretty(text: str | None) -> str:
         return text
 
 
+#: Where an identifier (a key, a tool, a run id) may wrap: after these, never inside a word.
+_BREAKS = re.compile(r"(?<=[:/.])")
+
+
+def ident(text: str) -> markupsafe.Markup:
+    """`text` escaped, with a line-break opportunity (`<wbr>`) after each `:`, `/` and `.`, so
+    a long key wraps between its parts and never inside one (the CSS keeps words whole)."""
+    return markupsafe.Markup("<wbr>").join(_BREAKS.split(text))  # join escapes each part
+
+
+#: Argument names that tell an operator most about a call's stakes: shown first.
+_STAKES = re.compile(r"(^|_)(amount|total|price|sum|quantity)(_|$)", re.I)
+
+
+def arguments_summary(arguments_json: str, limit: int = 80) -> str:
+    """One line of a call's arguments for the queue, amounts first: `amount_cents=2500,
+    account_id=a-7`. Nested values are shown as compact JSON; the line is cut at `limit`."""
+    try:
+        arguments = json.loads(arguments_json)
+    except ValueError:
+        arguments = arguments_json
+    if isinstance(arguments, dict):
+        order = list(arguments)
+        names = sorted(order, key=lambda n: (_STAKES.search(n) is None, order.index(n)))
+        line = ", ".join(f"{n}={_scalar(arguments[n])}" for n in names)
+    else:
+        line = _scalar(arguments)
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def _scalar(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
 def waited(since: datetime, now: datetime | None = None) -> str:
     """How long ago `since` was, the way a queue reads it: `3 d 4 h`, `2 h 5 min`, `12 s`."""
     seconds = max(0, int(((now or utcnow()) - since).total_seconds()))
@@ -186,7 +224,9 @@ _env = jinja2.Environment(
     trim_blocks=True,
     lstrip_blocks=True,
 )
-_env.filters.update(pretty=pretty, waited=waited, dom_id=dom_id)
+_env.filters.update(
+    pretty=pretty, waited=waited, dom_id=dom_id, ident=ident, arguments=arguments_summary
+)
 _env.globals.update(
     call_url=call_url,
     contested=contested,
