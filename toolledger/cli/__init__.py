@@ -23,6 +23,7 @@ from toolledger.cli.mcp import mcp
 from toolledger.cli.projector import projector
 from toolledger.cli.reconciler import reconciler
 from toolledger.cli.resumer import resumer
+from toolledger.cli.server import server
 from toolledger.cli.tokens import tokens
 from toolledger.cli.tracing import configure_tracing
 
@@ -58,6 +59,7 @@ def main(ctx: click.Context) -> None:
 
 main.add_command(demo)
 main.add_command(dev)
+main.add_command(server)
 main.add_command(projector)
 main.add_command(reconciler)
 main.add_command(resumer)

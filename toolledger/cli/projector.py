@@ -23,6 +23,7 @@ import signal
 import click
 
 from toolledger.cli.entry import configure_logging
+from toolledger.projections.status import log_status
 from toolledger.settings import ProjectorSettings, load_settings
 from toolledger.stack import LedgerStack
 
@@ -40,22 +41,8 @@ async def _run(status_every: float) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, projector.stop)
-    task = stack.projector_task
-    log = logging.getLogger("toolledger.projector")
     try:
-        while not task.done():
-            await asyncio.wait({task}, timeout=status_every)
-            if not task.done():
-                stats = projector.stats
-                log.info(
-                    "owns %s; applied %d events in %d batches; %d dead letters; %d conflicts",
-                    sorted(projector.owned),
-                    stats.applied,
-                    stats.batches,
-                    stats.dead_letters,
-                    stats.conflicts,
-                )
-        task.result()
+        await log_status(projector, stack.projector_task, status_every)
     finally:
         await stack.close()
 
