@@ -46,14 +46,14 @@ def processor_app(
     partitions: int,
     group: str | None = None,
     session_timeout: float = DEFAULT_SESSION_TIMEOUT_S,
-    replication_factor: int = 1,
+    replication_factor: int | None = None,
     commit_interval: float = 1.0,
 ) -> faust.App:
     """A faust app for the processor `name`, its consumer group and table namespace.
 
     `group` defaults to `<topic_prefix>toolledger.<name>`; processes with the same group share
     the facts partitions between them. `replication_factor` applies to the changelog topics
-    faust creates (3 in production).
+    faust creates (default: `TOOLLEDGER_REPLICATION_FACTOR`, 3 in production).
     """
     _, bootstrap = settings.require_services()
     app_id = group or f"{settings.topic_prefix}toolledger.{name}"
@@ -68,7 +68,7 @@ def processor_app(
         "broker_commit_interval": commit_interval,
         "table_standby_replicas": 0,
         "topic_partitions": partitions,
-        "topic_replication_factor": replication_factor,
+        "topic_replication_factor": replication_factor or settings.replication_factor,
         "topic_disable_leader": True,
         "consumer_auto_offset_reset": "earliest",
         "web_enabled": False,
