@@ -42,6 +42,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from toolledger.api import metrics
 from toolledger.api.auth import ApiContext, ApiError, api_context
+from toolledger.api.closing import close_stack
 from toolledger.api.compensation import RuntimeCompensator
 from toolledger.api.console import Sessions, mount_console
 from toolledger.api.errors import Conflict, OperatorError, http_status
@@ -56,6 +57,8 @@ from toolledger.runtime.stack_port import StackPort
 from toolledger.runtime.tools import Tool
 from toolledger.settings import ConfigError, OperatorSettings
 from toolledger.stack import LedgerStack
+
+__all__ = ["close_stack", "create_app"]
 
 StackFactory = Callable[[], Awaitable[LedgerStack]]
 
@@ -117,23 +120,6 @@ def create_app(
     _error_handlers(app)
     app.add_middleware(_BodyLimit, max_bytes=max_body_bytes)
     return app
-
-
-async def close_stack(stack: LedgerStack) -> None:
-    """`stack.close()`, made sure to finish.
-
-    On Python 3.11, `VerdictWaiter._loop` can swallow the cancellation `close()` sends it
-    (`asyncio.wait_for` returns the inner result when the wake event is set in the same instant
-    the cancel arrives), and `close()` then waits forever. Until that loop uses
-    `asyncio.timeout`, the cancel is repeated here until it is heard.
-    """
-    closing = asyncio.ensure_future(stack.close())
-    while not closing.done():
-        await asyncio.wait({closing}, timeout=0.5)
-        for task in asyncio.all_tasks():
-            if task.get_name() == "toolledger-verdict-waiter" and task.cancelling():
-                task.cancel()
-    closing.result()
 
 
 def _context(

@@ -15,13 +15,16 @@ from prometheus_client import start_http_server
 
 from toolledger.cli.entry import configure_logging, run_worker
 from toolledger.events.log import TopicMissing
-from toolledger.processors.analytics import Metrics, analytics_app
+from toolledger.extras import PROCESSORS, require
 from toolledger.processors.app import DEFAULT_SESSION_TIMEOUT_S
 from toolledger.settings import load_settings
 from toolledger.stack import LedgerStack
 
 
 async def _run(port: int, group: str | None, session_timeout: float) -> None:
+    require("server", "this command", PROCESSORS)
+    from toolledger.processors.analytics import Metrics, analytics_app
+
     settings = load_settings()
     stack = await LedgerStack.connect(settings, create_topics=False)
     try:

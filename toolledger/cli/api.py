@@ -12,10 +12,9 @@ requests bearing `TOOLLEDGER_METRICS_TOKEN` only.
 from __future__ import annotations
 
 import click
-import uvicorn
 
-from toolledger.api.app import create_app
 from toolledger.api.compensation import load_tools
+from toolledger.extras import API, require
 from toolledger.settings import OperatorSettings, load_settings
 from toolledger.stack import LedgerStack
 
@@ -34,6 +33,11 @@ from toolledger.stack import LedgerStack
 @click.option("--log-level", default="info", show_default=True, help="uvicorn's log level.")
 def api(host: str, port: int, tools: tuple[str, ...], log_level: str) -> None:
     """Serve the operator HTTP API (OpenAPI at /openapi.json), configured by TOOLLEDGER_*."""
+    require("server", "this command", API)
+    import uvicorn
+
+    from toolledger.api.app import create_app
+
     registry = load_tools(tools) if tools else None
     settings = load_settings(OperatorSettings)
     settings.require_services()

@@ -24,6 +24,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from toolledger.cli.entry import CommandFailed, ExitStatus, configure_logging
 from toolledger.drill.run import DrillConfig, DrillReport, run_drill
 from toolledger.drill.summary import render
+from toolledger.extras import PROCESSORS, require
 
 
 @click.command()
@@ -107,6 +108,7 @@ def drill(
     home: Path | None,
 ) -> None:
     """Kill runtimes, projectors and reconcilers at random points, then check the ledger."""
+    require("server", "the drill (it runs reconcilers)", PROCESSORS)
     configure_logging(logging.WARNING)
     absorbable = kill_capacity(runs, calls_per_run)
     if kills > absorbable:

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import TYPE_CHECKING
 
-import faust
 from aiokafka.errors import KafkaError
 from rich.console import Console
 
@@ -38,6 +38,9 @@ from toolledger.projections.dberrors import DATABASE_ERRORS
 from toolledger.projections.verdicts import LedgerUnavailable
 from toolledger.runtime.agents import AgentConfigError
 from toolledger.settings import ConfigError
+
+if TYPE_CHECKING:
+    import faust
 
 LOG_LEVEL_ENV = "TOOLLEDGER_LOG_LEVEL"
 __all__ = [
@@ -163,6 +166,8 @@ async def run_worker(app: faust.App) -> None:
     toolledger configures logging itself, so faust must not; its spinner would write terminal
     escape codes into the log.
     """
+    import faust  # only the processors' commands run one (it is the server extra's)
+
     worker = faust.Worker(app, quiet=True, redirect_stdouts=False, override_logging=False)
     worker.spinner = None
     await worker.start()

@@ -25,7 +25,7 @@ from typing import Any, TypeVar, get_args
 import click
 from rich.table import Table
 
-from toolledger.api.app import close_stack
+from toolledger.api.closing import close_stack
 from toolledger.api.compensation import RuntimeCompensator, load_tools
 from toolledger.api.errors import Conflict
 from toolledger.api.service import Operator, OperatorService, resolvable_after

@@ -18,8 +18,8 @@ import click
 from toolledger import telemetry
 from toolledger.cli.entry import CommandFailed, ExitStatus, configure_logging, run_worker
 from toolledger.events.log import TopicMissing
+from toolledger.extras import PROCESSORS, require
 from toolledger.processors.app import DEFAULT_SESSION_TIMEOUT_S
-from toolledger.processors.reconciler import Reconciler, collect_tools, reconciler_app
 from toolledger.processors.schedule import ReconcilePolicy
 from toolledger.runtime.stack_port import StackPort
 from toolledger.settings import load_settings
@@ -56,6 +56,9 @@ async def _run(
     scan_every: float,
     concurrency: int,
 ) -> None:
+    require("server", "this command", PROCESSORS)
+    from toolledger.processors.reconciler import Reconciler, collect_tools, reconciler_app
+
     settings = load_settings()
     tools = collect_tools(modules)
     hooked = sorted(name for name, tool in tools.items() if tool.reconcile is not None)
@@ -67,7 +70,7 @@ async def _run(
                 ExitStatus.USAGE,
             )
     stack = await LedgerStack.connect(settings, create_topics=False)
-    reconciler: Reconciler | None = None
+    reconciler = None
     try:
         try:
             partitions = await stack.facts.partition_count()

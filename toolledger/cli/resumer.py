@@ -14,13 +14,16 @@ import click
 
 from toolledger.cli.entry import configure_logging, run_worker
 from toolledger.events.log import TopicMissing
+from toolledger.extras import PROCESSORS, require
 from toolledger.processors.app import DEFAULT_SESSION_TIMEOUT_S
-from toolledger.processors.resumer import Resumer, load_hook, resumer_app
 from toolledger.settings import load_settings
 from toolledger.stack import LedgerStack
 
 
 async def _run(spec: str, group: str | None, session_timeout: float) -> None:
+    require("server", "this command", PROCESSORS)
+    from toolledger.processors.resumer import Resumer, load_hook, resumer_app
+
     settings = load_settings()
     hook = load_hook(spec)
     stack = await LedgerStack.connect(settings, create_topics=False)

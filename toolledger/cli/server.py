@@ -13,6 +13,7 @@ import logging
 import click
 
 from toolledger.cli.entry import configure_logging
+from toolledger.extras import require
 
 
 @click.command()
@@ -48,6 +49,7 @@ def server(
     log_level: str,
 ) -> None:
     """Run every server role: projector, reconciler, resumer, API and console (TOOLLEDGER_*)."""
+    require("server", "this command")
     from toolledger.server.serve import ServerOptions, serve
 
     configure_logging(logging.INFO)

@@ -29,11 +29,13 @@ reach a processor. That delays reconciliation; it never changes what is decided.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import faust
-
+from toolledger.extras import MissingExtra
 from toolledger.settings import Settings
+
+if TYPE_CHECKING:
+    import faust
 
 #: Session timeout against the development broker: 2-6 s is what docs/architecture.md asks for.
 DEFAULT_SESSION_TIMEOUT_S = 3.0
@@ -55,6 +57,10 @@ def processor_app(
     the facts partitions between them. `replication_factor` applies to the changelog topics
     faust creates (default: `TOOLLEDGER_REPLICATION_FACTOR`, 3 in production).
     """
+    try:
+        import faust
+    except ImportError as exc:
+        raise MissingExtra("server", "faust", f"the {name} (a faust processor)") from exc
     _, bootstrap = settings.require_services()
     app_id = group or f"{settings.topic_prefix}toolledger.{name}"
     options: dict[str, Any] = {

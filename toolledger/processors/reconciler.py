@@ -43,7 +43,6 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-import faust
 from opentelemetry.context import Context
 from prometheus_client import Counter
 
@@ -51,6 +50,7 @@ from toolledger import telemetry as names
 from toolledger.events.fold import HistoryEntry
 from toolledger.events.models import utcnow
 from toolledger.events.records import CallRecord, Verdict
+from toolledger.extras import MissingExtra
 from toolledger.modules import ModuleLoadError, import_user_module
 from toolledger.processors.app import DEFAULT_SESSION_TIMEOUT_S, processor_app
 from toolledger.processors.app import facts_topic as facts_topic_of
@@ -63,6 +63,11 @@ from toolledger.runtime.protocol import CallProtocol, WaitPolicy
 from toolledger.runtime.reconcile import Finding, ask_hook, finding_for
 from toolledger.runtime.tools import Tool, Toolset
 from toolledger.settings import Settings
+
+try:
+    import faust
+except ImportError as exc:  # a runtime-only install: say which extra
+    raise MissingExtra("server", "faust", "the reconciler (a faust processor)") from exc
 
 log = logging.getLogger("toolledger.reconciler")
 

@@ -32,7 +32,8 @@ from dataclasses import dataclass
 
 import uvicorn
 
-from toolledger.api.app import close_stack, create_app
+from toolledger.api.app import create_app
+from toolledger.api.closing import close_stack
 from toolledger.api.compensation import load_tools
 from toolledger.cli.entry import CommandFailed
 from toolledger.errors import ExitStatus
