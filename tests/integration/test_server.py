@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from tests import api_support as s
+from tests import builders as b
 from tests import run_tools
 from tests.fake_billing import FakeBilling, use_service
 from tests.integration.procs import Proc, Procs, toolledger_env, until
@@ -38,6 +39,7 @@ from toolledger.events.models import (
     canonical_json,
     utcnow,
 )
+from toolledger.events.signing import SigningKey, sign
 from toolledger.runtime.agents import AgentConfig, ToolPolicy
 from toolledger.runtime.runs import AgentRun, ToolCallRequest
 from toolledger.settings import Settings
@@ -280,3 +282,40 @@ async def test_a_port_in_use_is_a_usage_error_naming_the_port(
         )
         assert await proc.wait_exit(timeout=60) == ExitStatus.USAGE
     assert f"cannot listen on 127.0.0.1:{port}" in proc.output()
+
+
+async def test_a_halted_partition_shows_in_the_status_line_readyz_metrics_and_console(
+    server: Server, runtime: Ledger
+) -> None:
+    """Issue 26, item 5, on the real services: an operator event signed with a key id the
+    server's projector lacks halts its partition. The one ERROR line used to be all there was
+    (`/readyz` stayed 200); the status line, `/readyz`, the gauge and the console's banner must
+    each name the partition, the offset and the key to deploy."""
+    unknown = SigningKey.from_seed("ops-unknown", b"a key no projector was given 32b")
+    r = b.reserved("halting", "c1", timeout=10)
+    commands = runtime.stack.commands
+    for event in (r, b.indeterminate(r, t=1)):
+        assert (await commands.append_and_await(event, 10)).accepted
+    position = await commands.append(sign(b.resolved(r, 2, t=120, signed=False), unknown), 10)
+    where = f"partition {position.partition} at offset {position.offset}"
+    await server.proc.wait_for(f"HALTED {where}: .*ops-unknown", timeout=ACT_TIMEOUT)
+
+    async with await _operator(server) as web:
+        ready = await web.get("/readyz")
+        assert ready.status_code == 503
+        message = ready.json()["error"]["message"]
+        assert f"partition {position.partition} is halted at offset {position.offset}" in message
+        assert "ops-unknown" in message and "TOOLLEDGER_VERIFY_KEYS" in message
+        metrics = (await web.get("/metrics", headers=s.METRICS_AUTH)).text
+        gauge = f'toolledger_projector_partition_halted{{partition="{position.partition}"}} 1.0'
+        assert gauge in metrics
+        assert "toolledger_projector_partition_lag_records" in metrics
+
+        page = await web.get("/console/signin")
+        csrf = re.search(r'name="csrf_token" value="([^"]+)"', page.text)
+        assert csrf is not None
+        bearer = web.headers["Authorization"].removeprefix("Bearer ")
+        await web.post("/console/signin", data={"csrf_token": csrf.group(1), "token": bearer})
+        queue = await web.get("/console/queue")
+        assert 'class="banner"' in queue.text
+        assert f"partition {position.partition} is halted at offset {position.offset}" in queue.text

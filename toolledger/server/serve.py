@@ -37,7 +37,7 @@ from toolledger.api.closing import close_stack
 from toolledger.api.compensation import load_tools
 from toolledger.cli.entry import CommandFailed
 from toolledger.errors import ExitStatus
-from toolledger.projections.status import log_status
+from toolledger.projections.health import ProjectorHealth, log_status
 from toolledger.server.children import Children, exit_of
 from toolledger.settings import OperatorSettings, ProjectorSettings, Settings, load_settings
 from toolledger.stack import LedgerStack
@@ -121,17 +121,17 @@ async def serve(options: ServerOptions) -> None:
         gc.freeze()  # as `toolledger projector`: what lives as long as the process
         for role, args in _child_args(options):
             await children.start(role, args)
-        app = create_app(stack, operating, tools=registry)
+        assert stack.projector is not None
+        health = ProjectorHealth(stack.projector, stack.events)
+        app = create_app(stack, operating, tools=registry, health=health)
         web = _Web(uvicorn.Config(app, log_level=options.log_level, lifespan="on"))
-        projector = stack.projector
-        assert projector is not None
         stopping = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stopping.set)
         api = asyncio.ensure_future(web.serve(sockets=[sock]))
         projection = asyncio.ensure_future(
-            log_status(projector, stack.projector_task, options.status_every)
+            log_status(health, stack.projector_task, options.status_every)
         )
         exited = asyncio.ensure_future(children.first_exit())
         asked = asyncio.ensure_future(stopping.wait())
