@@ -18,7 +18,7 @@ from toolledger.projections.facts import FactsPublisher
 from toolledger.projections.ownership import PostgresPartitionLocks
 from toolledger.projections.projector import Projector
 from toolledger.settings import ProjectorSettings, load_settings
-from toolledger.stack import LedgerStack
+from toolledger.wiring.stack import LedgerStack
 
 
 class _OnlyThese(PostgresPartitionLocks):

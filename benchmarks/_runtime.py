@@ -30,7 +30,7 @@ import asyncpg
 
 from benchmarks._support import Scratch, start_process, stop_process
 from toolledger import Ledger, ToolContext, Toolset, external
-from toolledger.stack import LedgerStack
+from toolledger.wiring.stack import LedgerStack
 
 #: Partitions of the events topic the runtime benchmarks create (see BENCHMARKS.md).
 PARTITIONS = 4

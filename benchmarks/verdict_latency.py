@@ -53,7 +53,7 @@ from toolledger.events.kafka import KafkaLog
 from toolledger.events.log import LogReader
 from toolledger.events.models import CallReserved, args_digest, call_key
 from toolledger.events.records import Verdict
-from toolledger.stack import LedgerStack
+from toolledger.wiring.stack import LedgerStack
 
 PARTITIONS = 2
 WARMUP = 50

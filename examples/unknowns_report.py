@@ -27,8 +27,8 @@ from rich.table import Table
 
 from toolledger.projections.facts import Fact
 from toolledger.settings import load_settings
-from toolledger.stack import LedgerStack
 from toolledger.subscribe import subscribe
+from toolledger.wiring.stack import LedgerStack
 
 _SETTLED = {"completed", "failed"}
 

@@ -30,7 +30,7 @@ from toolledger.events.models import (
 from toolledger.events.records import CallRecord
 from toolledger.events.signing import SigningKey
 from toolledger.settings import OperatorSettings, ProjectorSettings
-from toolledger.stack import LedgerStack
+from toolledger.wiring.stack import LedgerStack
 
 KEY_ID = "api-k1"
 SIGNING_KEY = SigningKey.from_seed(KEY_ID, b"api-operator-signing-key-32bytes")

@@ -20,7 +20,7 @@ from toolledger import Ledger
 from toolledger.api.app import close_stack
 from toolledger.events.models import utcnow
 from toolledger.settings import Settings
-from toolledger.stack import LedgerStack
+from toolledger.wiring.stack import LedgerStack
 
 S = TypeVar("S", bound=Settings)
 

@@ -70,7 +70,7 @@ class ScriptedModel:
         turn = self.turns.pop(0)
         if turn == "retry-if-failed":
             last = transcript[-1]
-            if last.get("status") == "failed":
+            if last.get("status") in ("failed", "indeterminate"):
                 return [ToolCallRequest(f"{last['tool_call_id']}-retry", "runs.charge", ARGS)]
             return FinalAnswer("done")
         assert not isinstance(turn, str)

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from toolledger.errors import ToolLedgerError
 from toolledger.events.codec import DecodeError
 from toolledger.events.log import LogError, LogIdentityError, TopicMissing
+from toolledger.events.records import CallRecord, RunRecord
 from toolledger.events.signing import SigningKey, VerifyKeys
 from toolledger.runtime.agents import (
     AgentConfig,
@@ -66,6 +67,7 @@ from toolledger.runtime.errors import (
 )
 from toolledger.runtime.ledger import Ledger
 from toolledger.runtime.outcome import ToolOutcome
+from toolledger.runtime.port import CallQuery
 from toolledger.runtime.runs import AgentRun, FinalAnswer, RunResult, ToolCallRequest
 from toolledger.runtime.tools import ReconcileOutcome, Tool, ToolExecutionRecord, Toolset
 from toolledger.settings import (
@@ -94,6 +96,8 @@ __all__ = [
     "AgentConfig",
     "AgentConfigError",
     "AgentRun",
+    "CallQuery",
+    "CallRecord",
     "ConfigError",
     "DecodeError",
     "FinalAnswer",
@@ -108,6 +112,7 @@ __all__ = [
     "ProjectorSettings",
     "ReconcileOutcome",
     "RunQuarantined",
+    "RunRecord",
     "RunResult",
     "RunSuperseded",
     "Settings",

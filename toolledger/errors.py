@@ -6,11 +6,17 @@ which key or run, and what to do next. A few errors refine the code per instance
 just as stable (the operator service's `version_mismatch` or `not_found`, an API token's
 `token_expired`, a decoder's `unknown_fingerprint`); everywhere else the code is the class's.
 The error classes live next to the code that raises them and are re-exported by `toolledger`;
-this module has no imports of its own, so every layer can derive from it.
+this module imports no other toolledger module when it is imported, so every layer can derive
+from it.
 
 Where callers may already catch a builtin (a `ValueError` for bad arguments, a `PermissionError`
 for another tenant's run, a `RuntimeError` from the dev stack), the class keeps that base too, so
 existing `except` clauses stay correct.
+
+Every error class is importable from here, `from toolledger.errors import ToolCallIndeterminate`,
+whichever module defines it: `CATALOGUE` names each class's home and code (loaded on first use,
+so importing this module still imports nothing), and tests/unit/test_public_api.py checks that
+it lists every subclass of `ToolLedgerError` with the code the class carries, no code twice.
 
 `ExitStatus` is here, not with the CLI, because processes that supervise `toolledger` commands
 (the drill, tests) read the statuses too; `toolledger.cli.entry` maps errors to them.
@@ -18,15 +24,75 @@ existing `except` clauses stay correct.
 
 from __future__ import annotations
 
+import importlib
 from enum import IntEnum
+from typing import Any
 
-__all__ = ["ExitStatus", "ToolLedgerError"]
+__all__ = ["CATALOGUE", "ExitStatus", "LedgerUnavailable", "ToolLedgerError", "seconds"]
+
+#: Every error class toolledger defines outside this module: name -> (module, code).
+CATALOGUE: dict[str, tuple[str, str]] = {
+    "AgentConfigError": ("toolledger.runtime.agents", "agent_config"),
+    "ApiError": ("toolledger.api.auth", "api_error"),
+    "CommandFailed": ("toolledger.cli.entry", "command_failed"),
+    "ConfigError": ("toolledger.settings", "config_error"),
+    "Conflict": ("toolledger.api.errors", "conflict"),
+    "DecodeError": ("toolledger.events.codec", "undecodable"),
+    "DevStackError": ("toolledger.devstack", "dev_stack"),
+    "InvalidRequest": ("toolledger.api.errors", "invalid_request"),
+    "KeyConflictError": ("toolledger.runtime.errors", "key_conflict"),
+    "KeyMetaError": ("toolledger.integrations._mcp_keys", "key_meta"),
+    "KeySetMismatch": ("toolledger.events.signing", "key_set_mismatch"),
+    "LogError": ("toolledger.events.log", "log_error"),
+    "LogIdentityError": ("toolledger.events.log", "log_identity"),
+    "Misconfigured": ("toolledger.api.errors", "misconfigured"),
+    "ModuleLoadError": ("toolledger.modules", "module_load"),
+    "NotFound": ("toolledger.api.errors", "not_found"),
+    "OffsetConflict": ("toolledger.projections.store", "offset_conflict"),
+    "OperatorError": ("toolledger.api.errors", "operator_error"),
+    "OutcomeVerdictPending": ("toolledger.runtime.protocol", "outcome_verdict_pending"),
+    "PayloadError": ("toolledger.events.payloads", "payload_error"),
+    "PayloadRefused": ("toolledger.events.payloads", "payload_refused"),
+    "PayloadTooLarge": ("toolledger.events.payloads", "payload_too_large"),
+    "PayloadUnavailable": ("toolledger.events.payloads", "payload_unavailable"),
+    "PipeliningRefused": ("toolledger.runtime.effects", "pipelining_refused"),
+    "RecordTooLarge": ("toolledger.events.log", "record_too_large"),
+    "RunQuarantined": ("toolledger.runtime.errors", "run_quarantined"),
+    "RunSuperseded": ("toolledger.runtime.errors", "run_superseded"),
+    "StoreError": ("toolledger.projections.store", "store_error"),
+    "TenantMismatchError": ("toolledger.runtime.errors", "tenant_mismatch"),
+    "TokenRejected": ("toolledger.api.tokens", "token_rejected"),
+    "ToolArgumentsError": ("toolledger.runtime.errors", "invalid_arguments"),
+    "ToolArgumentsTooLarge": ("toolledger.runtime.errors", "arguments_too_large"),
+    "ToolCallAwaitingApproval": ("toolledger.runtime.errors", "awaiting_approval"),
+    "ToolCallContested": ("toolledger.runtime.errors", "call_contested"),
+    "ToolCallError": ("toolledger.runtime.errors", "tool_call_error"),
+    "ToolCallFailed": ("toolledger.runtime.errors", "call_failed"),
+    "ToolCallInProgress": ("toolledger.runtime.errors", "call_in_progress"),
+    "ToolCallIndeterminate": ("toolledger.runtime.errors", "call_indeterminate"),
+    "ToolFailedError": ("toolledger.runtime.errors", "tool_failed"),
+    "ToolNotAttemptedError": ("toolledger.runtime.errors", "tool_not_attempted"),
+    "ToolResultUnreadable": ("toolledger.runtime.errors", "result_unreadable"),
+    "ToolResultUnrecordable": ("toolledger.runtime.errors", "result_unrecordable"),
+    "TopicMissing": ("toolledger.events.log", "topic_missing"),
+    "Unavailable": ("toolledger.api.errors", "unavailable"),
+    "UnknownSigningKey": ("toolledger.events.signing", "unknown_signing_key"),
+}
 
 
 class ToolLedgerError(Exception):
     """Any error toolledger raises on purpose; `code` names its kind for programs."""
 
     code: str = "toolledger_error"
+
+
+class LedgerUnavailable(ToolLedgerError):
+    """No verdict came in time: Kafka, the projector or PostgreSQL is down or behind.
+
+    Raised before a tool runs, it means the call was not attempted.
+    """
+
+    code = "ledger_unavailable"
 
 
 class ExitStatus(IntEnum):
@@ -39,3 +105,16 @@ class ExitStatus(IntEnum):
     UNAVAILABLE = 3
     LOG_MISMATCH = 4
     STOPPED = 143
+
+
+def seconds(value: float) -> str:
+    """A duration for a message: `10s`, `2.5s`, never `9.99734s`."""
+    return f"{value:.0f}s" if value >= 10 else f"{value:.2g}s"
+
+
+def __getattr__(name: str) -> Any:
+    """An error class of the catalogue, imported from its home on first use."""
+    home = CATALOGUE.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(home[0]), name)

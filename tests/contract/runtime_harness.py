@@ -45,8 +45,8 @@ from toolledger.events.log import Position
 from toolledger.events.models import CallCompleted, Event, utcnow
 from toolledger.events.records import CallRecord, Verdict
 from toolledger.events.signing import SigningKey, sign
-from toolledger.projections.commands import LedgerCommands
-from toolledger.stack import LedgerStack
+from toolledger.wiring.commands import LedgerCommands
+from toolledger.wiring.stack import LedgerStack
 
 KEY_ID = "ops-1"
 SIGNING_KEY = SigningKey.from_seed(KEY_ID, b"runtime-harness-operator-key-32b")

@@ -55,12 +55,12 @@ from toolledger.projections.memory import MemoryLedger
 from toolledger.projections.migrations import load_migrations, migrate
 from toolledger.projections.postgres import PostgresLedger
 from toolledger.projections.store import (
-    CallQuery,
     LedgerSnapshot,
     LedgerStore,
     OffsetConflict,
     PartitionState,
 )
+from toolledger.runtime.port import CallQuery
 
 T0 = datetime(2025, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
 A = Producer(host="runtime-a", pid=11)

@@ -67,10 +67,10 @@ from toolledger.events.models import (
     RunCheckpointed,
     RunStarted,
 )
-from toolledger.projections.commands import LedgerCommands
 from toolledger.projections.store import LedgerStore
-from toolledger.runtime.stack_port import StackPort
-from toolledger.stack import LedgerStack
+from toolledger.wiring.commands import LedgerCommands
+from toolledger.wiring.stack import LedgerStack
+from toolledger.wiring.stack_port import StackPort
 
 KEYS = 4
 

@@ -131,15 +131,19 @@ class RunScenarios:
         assert "indeterminate" in result.detail
         assert len(model.seen) == 1, "the model must not be asked again after the run failed"
 
-    async def test_on_indeterminate_fail_with_return_to_model_tells_the_model_it_failed(
+    async def test_on_indeterminate_fail_with_return_to_model_tells_the_model_it_is_unknown(
         self, h: H
     ) -> None:
+        """The model hears the honest answer, "unknown" (as every framework adapter says it),
+        never "failed": a model told "failed" retries, and the charge may be made twice."""
         run_tools.behaviour["charge"] = "effect_then_timeout"
         model = ScriptedModel([ToolCallRequest("c1", "runs.charge", ARGS)], FinalAnswer("sorry"))
         run = h.run(model, on_indeterminate="fail", on_error="return_to_model")
         result = await run.start("charge")
         assert result.status == "completed"
-        assert model.last_tool_message()["status"] == "failed"
+        told = model.last_tool_message()
+        assert told["status"] == "indeterminate"
+        assert "nobody knows whether it took effect" in json.loads(told["content"])
 
     async def test_on_indeterminate_pause_waits_and_the_model_hears_the_real_result(
         self, h: H

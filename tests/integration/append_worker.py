@@ -18,9 +18,9 @@ import sys
 
 from tests import builders as b
 from toolledger.events.models import Producer
-from toolledger.projections.verdicts import LedgerUnavailable
+from toolledger.runtime.port import LedgerUnavailable
 from toolledger.settings import load_settings
-from toolledger.stack import LedgerStack
+from toolledger.wiring.stack import LedgerStack
 
 
 async def _reserve(run_id: str, tool_call_id: str, timeout: float) -> int:

@@ -34,9 +34,10 @@ from toolledger.api.tokens import PostgresTokens
 from toolledger.events.codec import encode
 from toolledger.events.models import CallResolved, utcnow
 from toolledger.events.signing import SigningKey, sign
-from toolledger.projections.store import CallQuery, count_calls, count_statuses, select_calls
+from toolledger.projections.store import count_calls, count_statuses, select_calls
+from toolledger.runtime.port import CallQuery
 from toolledger.settings import OperatorSettings as Settings
-from toolledger.stack import LedgerStack
+from toolledger.wiring.stack import LedgerStack
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from toolledger.runtime.errors import LedgerUnavailable
 from toolledger.runtime.ledger import Ledger
 from toolledger.runtime.pauses import resumable_runs
 from toolledger.runtime.runs import AgentRun
-from toolledger.stack import LedgerStack
+from toolledger.wiring.stack import LedgerStack
 
 #: Keys as agent frameworks make them: thread ids with paths, queries, fragments, percent
 #: signs, spaces and any unicode; one ends in a route's action segment.

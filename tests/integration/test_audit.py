@@ -19,8 +19,8 @@ from toolledger.events.models import CallResolved, Event
 from toolledger.events.signing import sign
 from toolledger.projections.facts import Fact
 from toolledger.settings import ProjectorSettings as Settings
-from toolledger.stack import LedgerStack
 from toolledger.subscribe import subscribe, subscribe_group
+from toolledger.wiring.stack import LedgerStack
 
 
 @pytest.fixture

@@ -31,7 +31,7 @@ from toolledger.api.console.web import dom_id
 from toolledger.api.tokens import PostgresTokens, Role
 from toolledger.events.models import RunCheckpointed, RunPaused, RunStarted
 from toolledger.settings import OperatorSettings
-from toolledger.stack import LedgerStack
+from toolledger.wiring.stack import LedgerStack
 
 # The browser install (first test only) is not part of a test's time; the test body is.
 pytestmark = pytest.mark.timeout(120, func_only=True)

@@ -25,10 +25,10 @@ from toolledger.projections.facts import facts_in
 from toolledger.projections.ownership import PostgresPartitionLocks
 from toolledger.projections.postgres import PostgresLedger
 from toolledger.projections.projector import Projector
-from toolledger.projections.verdicts import LedgerUnavailable
+from toolledger.runtime.port import LedgerUnavailable
 from toolledger.schemas import SchemaRegistry
 from toolledger.settings import ProjectorSettings as Settings
-from toolledger.stack import LedgerStack
+from toolledger.wiring.stack import LedgerStack
 
 FIXTURE_SCHEMAS = Path(__file__).resolve().parent.parent / "unit" / "schemas_fixture"
 

@@ -34,14 +34,14 @@ from tests.integration.procs import Proc, Procs, toolledger_env, until
 from tests.isolated import Isolated
 from toolledger.events.models import Event
 from toolledger.events.records import Verdict
-from toolledger.projections.commands import LedgerCommands
 from toolledger.projections.ownership import lock_class
 from toolledger.projections.postgres import SMALL_BATCH, PostgresLedger
 from toolledger.projections.replay import compare, replay
 from toolledger.projections.store import LedgerStore
 from toolledger.projections.verdicts import PostgresNotifications, VerdictSource, VerdictWaiter
 from toolledger.settings import ProjectorSettings as Settings
-from toolledger.stack import LedgerStack
+from toolledger.wiring.commands import LedgerCommands
+from toolledger.wiring.stack import LedgerStack
 
 PARTITIONS = 4
 #: What a projector process takes to import, connect, check the log identity and take locks.

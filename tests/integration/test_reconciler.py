@@ -49,7 +49,7 @@ from toolledger.events.models import (
 from toolledger.events.records import CallRecord
 from toolledger.events.signing import sign
 from toolledger.settings import ProjectorSettings as Settings
-from toolledger.stack import LedgerStack
+from toolledger.wiring.stack import LedgerStack
 
 PARTITIONS = 2
 #: Import, connect, join the consumer group (half the session timeout against tansu), recover.

@@ -19,7 +19,7 @@ from toolledger.events.codec import encode
 from toolledger.events.models import CallApproved, CallResolved, OperatorEvent
 from toolledger.events.signing import SigningKey, VerifyKeys, sign
 from toolledger.settings import ProjectorSettings
-from toolledger.stack import LedgerStack
+from toolledger.wiring.stack import LedgerStack
 
 #: An operator key rolled out after k1 (the builders' key): its id is new to old projectors.
 K2 = SigningKey.from_seed("k2", b"the second operator signing key!")

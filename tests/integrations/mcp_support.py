@@ -32,7 +32,7 @@ from toolledger.api.app import close_stack
 from toolledger.api.tokens import MemoryTokens
 from toolledger.integrations._common import AdapterOptions
 from toolledger.integrations.mcp import LedgerMCPServer, call_tool_keyed
-from toolledger.stack import LedgerStack
+from toolledger.wiring.stack import LedgerStack
 
 ROOT = Path(__file__).resolve().parents[2]
 TENANT = "acme"

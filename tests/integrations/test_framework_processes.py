@@ -28,7 +28,7 @@ from tests.integration.procs import Proc, Procs, toolledger_env, until
 from tests.isolated import Isolated, running_stack
 from toolledger.api import create_app
 from toolledger.api.tokens import MemoryTokens
-from toolledger.stack import LedgerStack
+from toolledger.wiring.stack import LedgerStack
 
 
 @pytest.fixture

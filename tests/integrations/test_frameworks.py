@@ -30,7 +30,7 @@ from toolledger.api import create_app
 from toolledger.api.tokens import MemoryTokens
 from toolledger.events.records import CallRecord
 from toolledger.integrations import AdapterOptions
-from toolledger.stack import LedgerStack
+from toolledger.wiring.stack import LedgerStack
 
 #: What the frameworks tell a model when a tool raises; none of it may reach our models.
 ERROR_TEXTS = ("Please try again", "Please fix your mistakes", "An error occurred", "Error:")

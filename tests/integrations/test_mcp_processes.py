@@ -41,7 +41,7 @@ from tests.integrations.mcp_support import (
 )
 from tests.isolated import Isolated, running_stack
 from toolledger.integrations.mcp import call_tool_keyed
-from toolledger.stack import LedgerStack
+from toolledger.wiring.stack import LedgerStack
 
 START_TIMEOUT = 60.0
 

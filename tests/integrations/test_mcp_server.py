@@ -36,7 +36,7 @@ from tests.isolated import Isolated
 from toolledger import Ledger
 from toolledger.integrations._common import decode_run_id
 from toolledger.integrations.mcp import LedgerMCPServer, call_tool_keyed
-from toolledger.stack import LedgerStack
+from toolledger.wiring.stack import LedgerStack
 
 
 class McpScenarios:

@@ -23,7 +23,7 @@ from toolledger.api.tokens import MemoryTokens
 from toolledger.events.models import CompensationRequested, canonical_json
 from toolledger.events.signing import sign
 from toolledger.settings import ConfigError, OperatorSettings
-from toolledger.stack import LedgerStack
+from toolledger.wiring.stack import LedgerStack
 
 
 @pytest.fixture

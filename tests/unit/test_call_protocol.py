@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from tests.forwarding_port import Forwarding
 from tests.integration.procs import until
 from toolledger import (
     AgentConfig,
@@ -42,7 +43,7 @@ from toolledger.projections.projector import Projector
 from toolledger.runtime.executor import CallIdentity
 from toolledger.runtime.protocol import CallProtocol, OutcomeVerdictPending, WaitPolicy
 from toolledger.runtime.runs import ModelTurn
-from toolledger.stack import LedgerStack
+from toolledger.wiring.stack import LedgerStack
 
 box = Toolset("proto")
 voided: list[str] = []
@@ -153,9 +154,10 @@ async def charged(ledger: Ledger, tool: Any, run_id: str = "r1") -> CallRecord:
 
 def test_a_wait_policy_refuses_a_wait_that_is_not_positive() -> None:
     """A zero timeout would refuse every call at once; a zero resend pause would spin."""
-    for bad in ({"verdict_timeout": 0}, {"resend_every": -1}, {"outcome_wait": 0}):
+    bads: list[dict[str, float]] = [{"verdict_timeout": 0}, {"resend_every": -1}]
+    for bad in [*bads, {"outcome_wait": 0}]:
         with pytest.raises(ValueError, match="must be positive"):
-            WaitPolicy(**bad)
+            WaitPolicy(**bad)  # type: ignore[arg-type]
     assert WaitPolicy.runtime(3).outcome_wait is None
     assert WaitPolicy.request(3).outcome_wait == 3
 
@@ -243,34 +245,33 @@ async def test_the_reservation_steps_compose_into_a_flow_that_runs_before_the_ve
     assert outcome.call.status == "completed" and outcome.call.result_json == '"charged 7"'
 
 
-class _Unreachable:
-    """Stands in for `Ledger.stack`: any use of it by runtime code fails the test."""
-
-    def __getattr__(self, name: str) -> Any:
-        raise AssertionError(f"runtime code reached ledger.stack.{name} instead of the port")
-
-
 async def test_an_agent_run_and_its_calls_need_nothing_but_the_runtime_port(
-    ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+    ledger: Ledger,
 ) -> None:
-    """`Ledger.stack` is kept for tests and the drill; a run driven start to end, its twin
-    lookup, its checkpoints and a resume of the finished run must all go through the port."""
+    """`Ledger` takes any port: a run driven start to end, its twin lookup, its checkpoints and
+    a resume of the finished run, on an adapter with no stack under it, must all go through
+    that port (a path that reached for `ledger.stack` fails here)."""
 
     async def model(transcript: list[dict[str, Any]]) -> ModelTurn:
         if any(message.get("role") == "tool" for message in transcript):
             return FinalAnswer("charged")
         return [ToolCallRequest("c1", charge.name, {"amount": 3})]
 
-    monkeypatch.setattr(ledger, "stack", _Unreachable())
+    port = Forwarding(ledger.port)
+    on_port = Ledger(port, verdict_timeout=ledger.verdict_timeout)
+    with pytest.raises(AttributeError, match="has no stack"):
+        on_port.stack  # noqa: B018 (the property is what is tested)
     agent = AgentConfig(name="cashier")
-    run = AgentRun(ledger, run_id="r9", tenant_id="acme", agent=agent, tools=box, model=model)
+    run = AgentRun(on_port, run_id="r9", tenant_id="acme", agent=agent, tools=box, model=model)
     result = await run.start("charge 3")
     assert result.status == "completed" and result.answer == "charged"
     assert [m["content"] for m in result.transcript if m.get("role") == "tool"] == ['"charged 3"']
-    again = AgentRun(ledger, run_id="r9", tenant_id="acme", agent=agent, tools=box, model=model)
+    again = AgentRun(on_port, run_id="r9", tenant_id="acme", agent=agent, tools=box, model=model)
     assert (await again.resume()).status == "completed"
-    record = await ledger.read_call("r9:c1")
+    record = await on_port.read_call("r9:c1")
     assert record is not None and record.result_json == '"charged 3"'
+    assert {"read_call", "read_run", "append_and_await", "append_until_landed"} <= set(port.asked)
+    await on_port.close()
 
 
 async def find_the_charge_as_its_outcome_lands(

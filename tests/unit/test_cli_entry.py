@@ -17,7 +17,7 @@ from toolledger.cli import main
 from toolledger.cli.entry import ExitStatus, configure_logging, exit_status, message
 from toolledger.devstack import DevStackError
 from toolledger.events.log import LogError, LogIdentityError, TopicMissing
-from toolledger.projections.verdicts import LedgerUnavailable
+from toolledger.runtime.port import LedgerUnavailable
 from toolledger.settings import ConfigError
 
 README = Path(__file__).resolve().parents[2] / "README.md"

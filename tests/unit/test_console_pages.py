@@ -20,7 +20,7 @@ from toolledger.api.console.web import call_url, dom_id, waited
 from toolledger.api.service import Operator, OperatorService
 from toolledger.events.models import CallFailed
 from toolledger.events.records import CallStatus
-from toolledger.stack import LedgerStack
+from toolledger.wiring.stack import LedgerStack
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ from toolledger.api.console.sessions import ANONYMOUS_IDLE, COOKIE, MAX_SESSIONS
 from toolledger.api.service import Operator, OperatorService
 from toolledger.api.tokens import MemoryTokens, hash_token
 from toolledger.events.models import utcnow
-from toolledger.stack import LedgerStack
+from toolledger.wiring.stack import LedgerStack
 
 
 class Clock:

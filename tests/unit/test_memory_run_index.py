@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from tests import api_support as s
 from toolledger.api.app import close_stack
-from toolledger.projections.store import CallQuery, select_calls
-from toolledger.stack import LedgerStack
+from toolledger.projections.store import select_calls
+from toolledger.runtime.port import CallQuery
+from toolledger.wiring.stack import LedgerStack
 
 
 async def test_a_runs_calls_from_the_index_match_a_scan_of_the_ledger() -> None:

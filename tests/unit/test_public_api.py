@@ -8,14 +8,19 @@ import subprocess
 import sys
 
 import toolledger
+import toolledger.runtime
+from toolledger.api.auth import ApiError
 from toolledger.api.errors import Conflict, InvalidRequest, Misconfigured, NotFound, Unavailable
 from toolledger.devstack import DevStackError
-from toolledger.projections.verdicts import LedgerUnavailable
+from toolledger.integrations.mcp import KeyMetaError
+from toolledger.runtime.port import LedgerUnavailable
 
 FROZEN = [
     "AgentConfig",
     "AgentConfigError",
     "AgentRun",
+    "CallQuery",
+    "CallRecord",
     "ConfigError",
     "DecodeError",
     "FinalAnswer",
@@ -30,6 +35,7 @@ FROZEN = [
     "ProjectorSettings",
     "ReconcileOutcome",
     "RunQuarantined",
+    "RunRecord",
     "RunResult",
     "RunSuperseded",
     "Settings",
@@ -103,9 +109,93 @@ def test_errors_raised_about_a_call_share_one_base() -> None:
 #: The other documented places (README, `toolledger/__init__.py`): module -> its frozen `__all__`.
 DOCUMENTED_MODULES = {
     "toolledger.api": ["create_app"],
+    "toolledger.errors": [
+        "CATALOGUE",
+        "ExitStatus",
+        "LedgerUnavailable",
+        "ToolLedgerError",
+        "seconds",
+    ],
+    "toolledger.wiring": ["connect_port", "memory_port", "port_over"],
+    "toolledger.runtime": sorted(toolledger.runtime.__all__),
+    "toolledger.integrations": [
+        "AdapterOptions",
+        "Answer",
+        "CallKey",
+        "Pause",
+        "ToolNames",
+        "call_key_for",
+        "decode_run_id",
+        "encode_run_id",
+        "make_call",
+        "model_tool_name",
+    ],
+    "toolledger.integrations.langgraph": ["LangGraphTools", "THREAD_ID_SOURCE"],
+    "toolledger.integrations.openai_agents": ["OpenAIAgentsTools", "PausedRun", "RUN_ID_SOURCE"],
+    "toolledger.integrations.pydantic_ai": ["CONVERSATION_SOURCE", "LedgerToolset"],
+    "toolledger.integrations.mcp": [
+        "KeyMetaError",
+        "LedgerMCPServer",
+        "call_tool_keyed",
+        "meta_for",
+    ],
     "toolledger.testing": ["assert_tool_contract", "fake_tool_context"],
     "toolledger.subscribe": ["Fact", "FactFilter", "requests", "subscribe", "subscribe_group"],
 }
+
+
+RUNTIME_FROZEN = [
+    "AgentConfig",
+    "CallPipeline",
+    "CallPolicy",
+    "CallQuery",
+    "CallRecord",
+    "Heard",
+    "HeardHow",
+    "HeardStatus",
+    "Hold",
+    "HoldReason",
+    "KeyConflictError",
+    "Ledger",
+    "LedgerUnavailable",
+    "RunQuarantined",
+    "RunRecord",
+    "RunSuperseded",
+    "RuntimePort",
+    "TenantMismatchError",
+    "Tool",
+    "ToolArgumentsError",
+    "ToolCallAwaitingApproval",
+    "ToolCallContested",
+    "ToolCallError",
+    "ToolCallInProgress",
+    "ToolCallIndeterminate",
+    "ToolContext",
+    "ToolOutcome",
+    "ToolPolicy",
+    "Toolset",
+    "call_identity",
+    "call_label",
+    "decide",
+    "resolve_command",
+]
+
+
+def test_the_runtime_surface_the_integrations_stand_on_is_frozen() -> None:
+    """The adapters import these names only (tests/unit/test_layers.py): a change here is a
+    change to what every integration may rely on."""
+    assert sorted(toolledger.runtime.__all__) == RUNTIME_FROZEN
+
+
+def test_every_integration_module_declares_its_exports() -> None:
+    """A module without `__all__` exports whatever it imported: its surface is an accident."""
+    import pkgutil
+
+    import toolledger.integrations
+
+    for info in pkgutil.iter_modules(toolledger.integrations.__path__):
+        module = importlib.import_module(f"toolledger.integrations.{info.name}")
+        assert isinstance(getattr(module, "__all__", None), list), info.name
 
 
 def test_the_documented_modules_export_exactly_their_frozen_names() -> None:
@@ -119,7 +209,17 @@ def test_the_documented_modules_export_exactly_their_frozen_names() -> None:
 def _error_classes() -> list[type[BaseException]]:
     exported = [getattr(toolledger, name) for name in toolledger.__all__]
     errors = [c for c in exported if isinstance(c, type) and issubclass(c, BaseException)]
-    return [*errors, NotFound, InvalidRequest, Conflict, Unavailable, Misconfigured]
+    return [
+        *errors,
+        NotFound,
+        InvalidRequest,
+        Conflict,
+        Unavailable,
+        Misconfigured,
+        ApiError,
+        KeyMetaError,
+        DevStackError,
+    ]
 
 
 def test_every_public_error_derives_from_the_one_root_with_a_code_of_its_own() -> None:
@@ -134,6 +234,14 @@ def test_every_public_error_derives_from_the_one_root_with_a_code_of_its_own() -
         assert isinstance(code, str) and re.fullmatch(r"[a-z_]+", code), cls.__name__
         assert code not in codes, f"{cls.__name__} and {codes[code]} share code {code}"
         codes[code] = cls.__name__
+
+
+def test_the_api_and_the_operator_service_raise_one_family() -> None:
+    """An `except OperatorError` around an operator action must also catch the API's own
+    refusals (no token, the wrong role), which once derived from the root alone."""
+    assert issubclass(ApiError, toolledger.OperatorError)
+    assert issubclass(KeyMetaError, toolledger.ToolLedgerError)
+    assert issubclass(KeyMetaError, ValueError)
 
 
 def test_errors_keep_the_builtin_bases_existing_except_clauses_rely_on() -> None:
@@ -164,3 +272,33 @@ def test_a_run_wide_supersession_names_the_run_not_an_empty_call() -> None:
     assert "call" not in message.split(".")[0]
     per_call = toolledger.RunSuperseded(key="r1:c2", tool="billing.issue_credit", detail="x")
     assert str(per_call).startswith("call billing.issue_credit (run r1, call c2) was not made")
+
+
+def _every_error_class() -> set[type[BaseException]]:
+    import pkgutil
+
+    for info in pkgutil.walk_packages(toolledger.__path__, "toolledger."):
+        if not info.name.endswith("__main__"):
+            importlib.import_module(info.name)
+
+    def under(cls: type[BaseException]) -> set[type[BaseException]]:
+        found = set(cls.__subclasses__())
+        for sub in list(found):
+            found |= under(sub)
+        return found
+
+    return under(toolledger.ToolLedgerError)
+
+
+def test_the_error_catalogue_lists_every_error_with_its_code() -> None:
+    """`toolledger.errors` is the one place errors are looked up and imported from: a new
+    error class that is not catalogued, or whose code another class already has, fails here."""
+    from toolledger import errors
+
+    found = {c for c in _every_error_class() if c.__module__ != "toolledger.errors"}
+    listed = {name: (c.__module__, c.__dict__.get("code")) for c in found for name in [c.__name__]}
+    assert listed == errors.CATALOGUE
+    codes = [code for _, code in errors.CATALOGUE.values()]
+    assert len(codes) == len(set(codes)), "two error classes share a code"
+    for name in errors.CATALOGUE:
+        assert getattr(errors, name).__name__ == name

@@ -27,8 +27,8 @@ from toolledger.processors.schedule import (
 from toolledger.processors.unsettled import UnsettledRun, fold_fact, parse_facts
 from toolledger.projections.facts import Fact
 from toolledger.runtime.reconcile import finding_for
-from toolledger.runtime.stack_port import StackPort
-from toolledger.stack import LedgerStack
+from toolledger.wiring.stack import LedgerStack
+from toolledger.wiring.stack_port import StackPort
 
 POLICY = ReconcilePolicy(
     max_attempts=4, backoff=timedelta(seconds=2), max_backoff=timedelta(seconds=10)

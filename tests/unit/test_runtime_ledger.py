@@ -36,7 +36,7 @@ from toolledger.events.records import CallRecord
 from toolledger.events.signing import sign
 from toolledger.projections.ownership import MemoryPartitionLocks
 from toolledger.projections.projector import Projector
-from toolledger.stack import LedgerStack
+from toolledger.wiring.stack import LedgerStack
 
 ARGS = {"note": "hello"}
 box = Toolset("unit")

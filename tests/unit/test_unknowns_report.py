@@ -8,8 +8,8 @@ from rich.console import Console
 
 from examples.unknowns_report import render, unknowns_report
 from tests import builders as b
-from toolledger.stack import LedgerStack
 from toolledger.subscribe import subscribe
+from toolledger.wiring.stack import LedgerStack
 
 
 async def test_the_report_counts_unknowns_their_settlers_and_how_long_they_waited() -> None:

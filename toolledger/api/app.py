@@ -55,10 +55,10 @@ from toolledger.projections.health import ProjectorHealth, lag_checks
 from toolledger.projections.health import problems as projector_problems
 from toolledger.projections.postgres import PostgresLedger
 from toolledger.projections.store import LedgerStore
-from toolledger.runtime.stack_port import StackPort
 from toolledger.runtime.tools import Tool
 from toolledger.settings import ConfigError, OperatorSettings
-from toolledger.stack import LedgerStack
+from toolledger.wiring.stack import LedgerStack
+from toolledger.wiring.stack_port import StackPort
 
 __all__ = ["close_stack", "create_app"]
 

@@ -15,10 +15,10 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from toolledger.api.errors import OperatorError
 from toolledger.api.service import Operator, OperatorService
 from toolledger.api.tokens import Role, TokenRecord, TokenRejected, TokenStore, role_allows
-from toolledger.errors import ToolLedgerError
-from toolledger.stack import LedgerStack
+from toolledger.wiring.stack import LedgerStack
 
 _bearer = HTTPBearer(
     auto_error=False,
@@ -26,18 +26,17 @@ _bearer = HTTPBearer(
 )
 
 
-class ApiError(ToolLedgerError):
-    """An HTTP error with the API's error body."""
+class ApiError(OperatorError):
+    """An HTTP error with the API's error body: one of the operator errors, with the status
+    (and headers) the request itself earned (no token, the wrong role, still starting)."""
 
     code = "api_error"
 
     def __init__(
         self, status: int, code: str, message: str, headers: Mapping[str, str] | None = None
     ) -> None:
-        super().__init__(message)
+        super().__init__(code, message)
         self.status = status
-        self.code = code
-        self.message = message
         self.headers = dict(headers or {})
 
 

@@ -17,8 +17,10 @@ key `<key>:compensate`, so it cannot run twice either. `RuntimeCompensator` is t
    (a request's `WaitPolicy`), and hands the ledger's record back; the service then settles the
    original call from it.
 
-The steps are the runtime's call protocol (`toolledger.runtime.protocol`): a reservation whose
-verdict does not come is abandoned until the abandon lands, exactly as for an agent's call.
+It is the runtime's one call pipeline (`toolledger.runtime.pipeline`) with a request's wait
+policy: a reservation whose verdict does not come is abandoned until the abandon lands, a
+held compensation is awaited (bounded) like any call held by another holder, exactly as for an
+agent's call; only mapping the answer to the record the service needs is this module's.
 
 `load_tools` imports the modules named by `--tools` and collects their `Toolset`s and `Tool`s.
 """
@@ -36,10 +38,11 @@ from toolledger.api.service import COMPENSATE_SUFFIX, compensation_key
 from toolledger.events.models import utcnow
 from toolledger.events.records import CallRecord
 from toolledger.modules import ModuleLoadError, import_user_module
-from toolledger.projections.verdicts import LedgerUnavailable
 from toolledger.runtime.context import ToolContext
+from toolledger.runtime.errors import ToolCallError, ToolCallIndeterminate, ToolCallInProgress
 from toolledger.runtime.executor import CallIdentity
-from toolledger.runtime.port import RuntimePort
+from toolledger.runtime.pipeline import CallPipeline
+from toolledger.runtime.port import LedgerUnavailable, RuntimePort
 from toolledger.runtime.protocol import CallProtocol, OutcomeVerdictPending, WaitPolicy
 from toolledger.runtime.tools import Tool, Toolset, uses_context_attribute
 
@@ -77,7 +80,7 @@ def compensation_tool(tool: Tool[Any, Any], record: CallRecord) -> Tool[Any, Any
     compensating = Tool(
         compensate,
         name=tool.name + COMPENSATE_SUFFIX,
-        effect=replace(tool.effect, approval=False, attempts=1),
+        effect=replace(tool.effect, approval=False, attempts=1, pipelined=False),
         reconcile=None,
         compensation=None,
         timeout=tool.timeout,
@@ -89,12 +92,14 @@ def compensation_tool(tool: Tool[Any, Any], record: CallRecord) -> Tool[Any, Any
 
 
 class RuntimeCompensator:
-    """Runs compensations of the tools in `tools` (by name) through the call protocol.
+    """Runs compensations of the tools in `tools` (by name) down the one call pipeline.
 
     Its `WaitPolicy` is a request's: the reservation's verdict and the outcome's are each
-    awaited at most `verdict_timeout` (an operator's request cannot wait forever), while the
-    abandon of an unanswered reservation and the outcome are appended until they land, in the
-    background; `close()` gives those a moment before the process stops.
+    awaited at most `verdict_timeout` (an operator's request cannot wait forever), and the
+    outcome's verdict is always awaited, since the service settles the original call from the
+    ledger's record of the compensation. The abandon of an unanswered reservation and the
+    outcome are appended until they land, in the background; `close()` gives those a moment
+    before the process stops.
     """
 
     def __init__(
@@ -107,6 +112,7 @@ class RuntimeCompensator:
     ) -> None:
         self.tools = dict(tools)
         self.protocol = CallProtocol(port, WaitPolicy.request(verdict_timeout), clock=clock)
+        self.pipeline = CallPipeline(self.protocol)
 
     def unavailable(self, record: CallRecord) -> str | None:
         tool = self.tools.get(record.tool)
@@ -121,45 +127,45 @@ class RuntimeCompensator:
             return f"tool {record.tool} is a read; it had no effect to undo"
         return None
 
-    async def run(self, record: CallRecord) -> CallRecord:
-        protocol = self.protocol
+    async def run(self, record: CallRecord, known: CallRecord | None = None) -> CallRecord:
         tool = compensation_tool(self.tools[record.tool], record)
-        prepared = tool.prepare(
-            {"compensates": record.key, "reservation_id": str(record.reservation_id)}
-        )
         who = CallIdentity(
             record.run_id,
             record.tool_call_id + COMPENSATE_SUFFIX,
             record.tenant_id,
             compensation_key(record.key),
         )
-        reserved = protocol.reservation(tool, prepared, who, compensates=record.key)
+        arguments = {"compensates": record.key, "reservation_id": str(record.reservation_id)}
         try:
-            verdict = await protocol.reserve(reserved)
-        except LedgerUnavailable as exc:
-            raise Unavailable(
-                "ledger_unavailable",
-                f"the compensation {who.key} was not run: {exc}. Its reservation is being "
-                "abandoned in the background; ask again once the ledger answers, nothing was "
-                "sent.",
-            ) from exc
-        if not verdict.accepted:
-            if verdict.call is None:
-                raise Unavailable("compensation_refused", verdict.detail)
-            return verdict.call  # held by another request, or already settled
-        ended = await protocol.execute(tool, prepared, who, reserved)
-        try:
-            landed = await protocol.record(who, reserved, ended)
-            verdict = await protocol.await_outcome_verdict(who.key, landed.event.event_id)
+            outcome = await self.pipeline.call(
+                tool, who, arguments, compensates=record.key, record=known
+            )
         except OutcomeVerdictPending as exc:
             raise Unavailable(
                 "ledger_unavailable",
                 f"the compensation {who.key} ran, but its outcome has no verdict yet ({exc}); "
                 "ask for the compensation again to finish it",
             ) from exc
-        if verdict.call is None:
-            raise AssertionError(f"the verdict on the outcome of {who.key} carries no record")
-        return verdict.call
+        except LedgerUnavailable as exc:
+            raise Unavailable(
+                "ledger_unavailable",
+                f"the compensation {who.key} was not run, nothing was sent ({exc}); ask again "
+                "once the ledger answers",
+            ) from exc
+        except ToolCallIndeterminate as exc:
+            unknown: CallRecord = exc.record
+            return unknown  # unknown: an operator resolves `<key>:compensate`
+        except ToolCallInProgress:
+            return await self._current(who.key)  # another request holds it, still running
+        except ToolCallError as exc:
+            raise Unavailable("compensation_refused", str(exc)) from exc
+        return outcome.record or await self._current(who.key)
+
+    async def _current(self, key: str) -> CallRecord:
+        found = await self.pipeline.read(key, within=self.protocol.policy.verdict_timeout)
+        if found is None:
+            raise AssertionError(f"the ledger has no record of the compensation {key}")
+        return found
 
     async def close(self, grace: float = 2.0) -> None:
         """Let the abandons and outcomes still being appended land for `grace` seconds."""

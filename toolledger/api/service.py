@@ -56,10 +56,10 @@ from toolledger.events.models import (
 from toolledger.events.payloads import PayloadError
 from toolledger.events.records import CallRecord, CallStatus, RunRecord, Verdict
 from toolledger.events.signing import SigningKey, sign
-from toolledger.projections.commands import LedgerCommands
-from toolledger.projections.store import CallQuery, LedgerStore, StatusCounts
-from toolledger.projections.verdicts import LedgerUnavailable
+from toolledger.projections.store import LedgerStore, StatusCounts
+from toolledger.runtime.port import CallQuery, LedgerUnavailable
 from toolledger.settings import ConfigError
+from toolledger.wiring.commands import LedgerCommands
 
 COMPENSATE_SUFFIX = ":compensate"
 MAX_PAGE = 500
@@ -110,9 +110,10 @@ class Compensator(Protocol):
     def unavailable(self, record: CallRecord) -> str | None:
         """Why the compensation of `record`'s tool cannot run here (None when it can)."""
 
-    async def run(self, record: CallRecord) -> CallRecord:
+    async def run(self, record: CallRecord, known: CallRecord | None = None) -> CallRecord:
         """Reserve and run the compensation of `record` once; return the ledger's record of
-        `<key>:compensate` afterwards (or as another holder left it, if it was not ours to run)."""
+        `<key>:compensate` afterwards (or as another holder left it, if it was not ours to run).
+        `known`: that key's record as the caller just read it (None: it has none)."""
 
 
 _REFUSED_AS_NOT_FOUND = frozenset({"unknown_call", "tenant_mismatch"})
@@ -364,7 +365,7 @@ class OperatorService:
         compensator = self._require_compensator(original)
         done = await self.store.get_call(compensation_key(original.key))
         if done is None or (fresh and done.status == "failed"):
-            done = await compensator.run(original)
+            done = await compensator.run(original, done)
         return await self._settle_compensated(original, done)
 
     async def _settle_compensated(self, original: CallRecord, done: CallRecord) -> Compensation:

@@ -18,7 +18,7 @@ from toolledger.events.log import TopicMissing
 from toolledger.extras import PROCESSORS, require
 from toolledger.processors.app import DEFAULT_SESSION_TIMEOUT_S
 from toolledger.settings import load_settings
-from toolledger.stack import LedgerStack
+from toolledger.wiring.stack import LedgerStack
 
 
 async def _run(port: int, group: str | None, session_timeout: float) -> None:

@@ -16,7 +16,7 @@ import click
 from toolledger.api.compensation import load_tools
 from toolledger.extras import API, require
 from toolledger.settings import OperatorSettings, load_settings
-from toolledger.stack import LedgerStack
+from toolledger.wiring.stack import LedgerStack
 
 
 @click.command()

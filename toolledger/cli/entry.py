@@ -35,8 +35,8 @@ from toolledger.errors import ExitStatus, ToolLedgerError
 from toolledger.events.log import LogError, LogIdentityError, TopicMissing
 from toolledger.events.signing import KeySetMismatch
 from toolledger.projections.dberrors import DATABASE_ERRORS
-from toolledger.projections.verdicts import LedgerUnavailable
 from toolledger.runtime.agents import AgentConfigError
+from toolledger.runtime.port import LedgerUnavailable
 from toolledger.settings import ConfigError
 
 if TYPE_CHECKING:

@@ -33,9 +33,9 @@ from toolledger.cli import entry
 from toolledger.cli.entry import exit_status
 from toolledger.events.models import utcnow
 from toolledger.events.records import CallRecord, CallStatus
-from toolledger.runtime.stack_port import StackPort
 from toolledger.settings import OperatorSettings, load_settings
-from toolledger.stack import LedgerStack
+from toolledger.wiring.stack import LedgerStack
+from toolledger.wiring.stack_port import StackPort
 
 _console = entry.console()
 _T = TypeVar("_T")

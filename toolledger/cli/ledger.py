@@ -30,7 +30,8 @@ from toolledger.projections.replay_processes import (
     replay_in_processes,
     replay_into_memory,
 )
-from toolledger.projections.store import CallQuery, LedgerStore
+from toolledger.projections.store import LedgerStore
+from toolledger.runtime.port import CallQuery
 from toolledger.settings import ProjectorSettings, Settings, load_settings
 
 _console = entry.console()

@@ -26,7 +26,7 @@ from toolledger.cli.entry import configure_logging
 from toolledger.projections.health import ProjectorHealth, log_status
 from toolledger.projections.health_http import HealthServer
 from toolledger.settings import ProjectorSettings, load_settings
-from toolledger.stack import LedgerStack
+from toolledger.wiring.stack import LedgerStack
 
 
 async def _run(status_every: float, health_host: str, health_port: int | None) -> None:

@@ -21,9 +21,9 @@ from toolledger.events.log import TopicMissing
 from toolledger.extras import PROCESSORS, require
 from toolledger.processors.app import DEFAULT_SESSION_TIMEOUT_S
 from toolledger.processors.schedule import ReconcilePolicy
-from toolledger.runtime.stack_port import StackPort
 from toolledger.settings import load_settings
-from toolledger.stack import LedgerStack
+from toolledger.wiring.stack import LedgerStack
+from toolledger.wiring.stack_port import StackPort
 
 log = logging.getLogger("toolledger.reconciler")
 

@@ -42,8 +42,8 @@ from toolledger.drill.procs import Proc, Procs
 from toolledger.drill.worker import entry as worker_entry
 from toolledger.drill.worker import write_order
 from toolledger.projections.dberrors import DATABASE_ERRORS
-from toolledger.projections.verdicts import LedgerUnavailable
 from toolledger.runtime.ledger import Ledger
+from toolledger.runtime.port import LedgerUnavailable
 
 #: What a work-list refresh meets while PostgreSQL restarts: the drill's own queries fail with
 #: database errors, the ledger's reads (`resumable_runs`) fail closed as `LedgerUnavailable`.

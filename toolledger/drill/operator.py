@@ -31,7 +31,7 @@ from toolledger.events.lifecycle import open_until
 from toolledger.events.models import utcnow
 from toolledger.events.records import UNSETTLED, CallRecord
 from toolledger.projections.dberrors import DATABASE_ERRORS
-from toolledger.projections.verdicts import LedgerUnavailable
+from toolledger.runtime.port import LedgerUnavailable
 
 log = logging.getLogger("toolledger.drill")
 

@@ -25,7 +25,7 @@ from toolledger.drill.driver import Dispatcher
 from toolledger.drill.killpoints import read_lines
 from toolledger.drill.services import DrillServices
 from toolledger.errors import ExitStatus
-from toolledger.stack import LedgerStack
+from toolledger.wiring.stack import LedgerStack
 
 
 async def broker_reset(

@@ -49,7 +49,7 @@ from toolledger.events.signing import SigningKey
 from toolledger.projections.postgres import PostgresLedger
 from toolledger.runtime.ledger import Ledger
 from toolledger.settings import ProjectorSettings
-from toolledger.stack import LedgerStack
+from toolledger.wiring.stack import LedgerStack
 
 log = logging.getLogger("toolledger.drill")
 

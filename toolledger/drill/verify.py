@@ -13,7 +13,7 @@ from toolledger.drill.checks import Refold
 from toolledger.drill.ledgerdb import LedgerDB
 from toolledger.projections.postgres import PostgresLedger
 from toolledger.projections.replay import compare, replay
-from toolledger.stack import LedgerStack
+from toolledger.wiring.stack import LedgerStack
 
 
 async def refold_log(

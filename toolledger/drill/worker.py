@@ -48,9 +48,9 @@ from toolledger.events.models import (
     Event,
 )
 from toolledger.events.records import Verdict
-from toolledger.projections.commands import LedgerCommands
 from toolledger.projections.dberrors import DATABASE_ERRORS
 from toolledger.runtime.runs import AgentRun
+from toolledger.wiring.commands import LedgerCommands
 
 
 class DrillCommands(LedgerCommands):

@@ -28,9 +28,27 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from toolledger.runtime.agents import ToolPolicy
-from toolledger.runtime.errors import call_label, resolve_command
-from toolledger.runtime.tools import Tool
+from toolledger.runtime import Tool, ToolPolicy, call_label, resolve_command
+
+__all__ = [
+    "SAFE_NAME",
+    "AdapterOptions",
+    "CallKey",
+    "PauseReason",
+    "ToolNames",
+    "call_key_for",
+    "compensated_text",
+    "decode_run_id",
+    "duplicate_text",
+    "encode_run_id",
+    "failed_text",
+    "indeterminate_text",
+    "model_tool_name",
+    "pause_detail",
+    "rejected_text",
+    "result_text",
+]
+
 
 #: What OpenAI's and Anthropic's APIs accept as a function name.
 SAFE_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")

@@ -22,6 +22,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from toolledger import ToolLedgerError
+
+__all__ = [
+    "KEY",
+    "RESULT_KEY",
+    "RESULT_STATUS",
+    "RESULT_WAITING_ON",
+    "RUN_ID",
+    "TOOL_CALL_ID",
+    "KeyMetaError",
+    "MetaKey",
+    "checked_run_id",
+    "key_from_meta",
+    "meta_for",
+]
+
 RUN_ID = "dev.toolledger/run-id"
 TOOL_CALL_ID = "dev.toolledger/tool-call-id"
 KEY = "dev.toolledger/key"
@@ -32,8 +48,10 @@ RESULT_STATUS = "dev.toolledger/status"
 RESULT_WAITING_ON = "dev.toolledger/waiting-on"
 
 
-class KeyMetaError(ValueError):
+class KeyMetaError(ToolLedgerError, ValueError):
     """The request's `_meta` names a key that cannot be used; nothing was reserved or run."""
+
+    code = "key_meta"
 
 
 @dataclass(frozen=True)

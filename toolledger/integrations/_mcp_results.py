@@ -33,7 +33,18 @@ import mcp.types as types
 from toolledger.integrations import _mcp_keys as keys
 from toolledger.integrations._calls import Answer, Pause
 from toolledger.integrations._common import indeterminate_text
-from toolledger.runtime.errors import resolve_command
+from toolledger.runtime import resolve_command
+
+__all__ = [
+    "answered",
+    "api_path",
+    "awaiting_approval",
+    "held",
+    "indeterminate",
+    "paused",
+    "refused",
+    "result",
+]
 
 ResultStatus = Literal[
     "completed",

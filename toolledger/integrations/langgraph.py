@@ -37,8 +37,10 @@ from typing import TYPE_CHECKING, Any
 
 from toolledger.integrations._calls import Answer, answer_json, make_call
 from toolledger.integrations._common import AdapterOptions, ToolNames, call_key_for
-from toolledger.runtime.ledger import Ledger
-from toolledger.runtime.tools import Tool
+from toolledger.runtime import Ledger, Tool
+
+__all__ = ["THREAD_ID_SOURCE", "LangGraphTools"]
+
 
 try:
     from langchain_core.messages import ToolMessage

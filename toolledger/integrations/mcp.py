@@ -47,14 +47,15 @@ from toolledger.integrations import _mcp_results as said
 from toolledger.integrations._calls import Answer, make_call
 from toolledger.integrations._common import AdapterOptions, CallKey, ToolNames, encode_run_id
 from toolledger.integrations._mcp_keys import KeyMetaError, meta_for
-from toolledger.runtime.errors import (
+from toolledger.runtime import (
+    Ledger,
     LedgerUnavailable,
     RunQuarantined,
     RunSuperseded,
     TenantMismatchError,
+    Tool,
+    Toolset,
 )
-from toolledger.runtime.ledger import Ledger
-from toolledger.runtime.tools import Tool, Toolset
 
 __all__ = ["KeyMetaError", "LedgerMCPServer", "call_tool_keyed", "meta_for"]
 

@@ -37,7 +37,6 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from toolledger.events.records import CallRecord
 from toolledger.integrations._calls import Answer, Pause, answer_json, make_call
 from toolledger.integrations._common import (
     AdapterOptions,
@@ -47,8 +46,10 @@ from toolledger.integrations._common import (
     pause_detail,
     rejected_text,
 )
-from toolledger.runtime.ledger import Ledger
-from toolledger.runtime.tools import Tool
+from toolledger.runtime import CallRecord, Ledger, Tool
+
+__all__ = ["RUN_ID_SOURCE", "OpenAIAgentsTools", "PausedRun"]
+
 
 try:
     from agents import Agent, FunctionTool, RunContextWrapper, RunResult, RunState

@@ -45,8 +45,10 @@ from toolledger.integrations._common import (
     call_key_for,
     rejected_text,
 )
-from toolledger.runtime.ledger import Ledger
-from toolledger.runtime.tools import Tool
+from toolledger.runtime import Ledger, Tool
+
+__all__ = ["CONVERSATION_SOURCE", "LedgerToolset"]
+
 
 try:
     from pydantic_ai import RunContext

@@ -57,8 +57,7 @@ from toolledger.processors.app import facts_topic as facts_topic_of
 from toolledger.processors.schedule import ReconcilePolicy, exhausted, is_due
 from toolledger.processors.unsettled import UnsettledRun, fold_fact, parse_facts
 from toolledger.projections.facts import Fact
-from toolledger.projections.verdicts import LedgerUnavailable
-from toolledger.runtime.port import RuntimePort
+from toolledger.runtime.port import LedgerUnavailable, RuntimePort
 from toolledger.runtime.protocol import CallProtocol, WaitPolicy
 from toolledger.runtime.reconcile import Finding, ask_hook, finding_for
 from toolledger.runtime.tools import Tool, Toolset

@@ -25,7 +25,6 @@ from toolledger.projections.facts import Fact
 from toolledger.projections.gc_pause import gc_paused
 from toolledger.projections.store import (
     AppliedBatch,
-    CallQuery,
     CallStats,
     LedgerSnapshot,
     LedgerStore,
@@ -40,6 +39,7 @@ from toolledger.projections.store import (
     fold_batch,
     select_calls,
 )
+from toolledger.runtime.port import CallQuery
 
 
 class MemoryLedger(LedgerStore):

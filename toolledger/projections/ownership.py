@@ -23,10 +23,12 @@ import os
 import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
-import asyncpg
+from toolledger.projections.dberrors import database_errors
 
-from toolledger.projections.dberrors import DATABASE_ERRORS
+if TYPE_CHECKING:
+    import asyncpg
 
 
 class PartitionLocks(ABC):
@@ -79,6 +81,8 @@ class PostgresPartitionLocks(PartitionLocks):
     async def _connection(self) -> asyncpg.Connection:
         if self._conn is None or self._conn.is_closed():
             self._held.clear()
+            import asyncpg  # the driver loads only where PostgreSQL is used
+
             conn = await asyncpg.connect(
                 self._dsn, server_settings={"application_name": f"toolledger-locks-{os.getpid()}"}
             )
@@ -140,7 +144,7 @@ class PostgresPartitionLocks(PartitionLocks):
             if not self._held:  # the connection was replaced: the old session's locks are gone
                 return False
             await conn.fetchval("SELECT 1")
-        except DATABASE_ERRORS:
+        except database_errors():
             self._held.clear()
             await self._drop()
             return False
@@ -160,7 +164,7 @@ class PostgresPartitionLocks(PartitionLocks):
         if conn is not None and not conn.is_closed():
             try:
                 await conn.close(timeout=2)
-            except DATABASE_ERRORS:
+            except database_errors():
                 conn.terminate()
             except TimeoutError:
                 conn.terminate()

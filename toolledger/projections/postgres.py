@@ -68,7 +68,6 @@ from toolledger.projections.store import (
     AppliedBatch,
     BatchFold,
     BatchOutcome,
-    CallQuery,
     CallStats,
     LedgerSnapshot,
     LedgerStore,
@@ -80,6 +79,7 @@ from toolledger.projections.store import (
     check_batch,
     check_identity,
 )
+from toolledger.runtime.port import CallQuery
 
 if TYPE_CHECKING:
     from toolledger.projections.migrations import Conn

@@ -41,7 +41,7 @@ from toolledger.events.log import (
 )
 from toolledger.events.models import Event
 from toolledger.events.records import Verdict
-from toolledger.projections.dberrors import DATABASE_ERRORS
+from toolledger.projections.dberrors import database_errors
 from toolledger.projections.decoding import decode_records
 from toolledger.projections.facts import FactsPublisher, FactText, fact_text, facts_of
 from toolledger.projections.gc_pause import gc_paused
@@ -147,7 +147,7 @@ class Projector:
             while not self._stopping.is_set():
                 try:
                     await self.step()
-                except DATABASE_ERRORS as exc:
+                except database_errors() as exc:
                     await self._lost_database(exc)
                 except LogIdentityError:
                     raise
@@ -381,7 +381,7 @@ class Projector:
         if self.facts.mark_due(partition):
             try:
                 await self.store.mark_facts_published(partition, next_offset)
-            except DATABASE_ERRORS as exc:  # a stale mark only means more republishing later
+            except database_errors() as exc:  # a stale mark only means more republishing later
                 log.warning("could not record the facts published (%s)", exc)
         if self.on_verdicts is not None and verdicts:
             await self.on_verdicts(partition, verdicts)

@@ -26,9 +26,10 @@ from datetime import datetime
 from toolledger.errors import ToolLedgerError
 from toolledger.events.fold import DeadLetter, HistoryEntry, LedgerFold, Positioned, ledger_digest
 from toolledger.events.log import LogIdentity, LogIdentityError
-from toolledger.events.records import UNSETTLED, CallRecord, CallStatus, RunRecord, Verdict
+from toolledger.events.records import UNSETTLED, CallRecord, RunRecord, Verdict
 from toolledger.events.signing import VerifyKeys
 from toolledger.projections.facts import Fact
+from toolledger.runtime.port import CallQuery
 
 
 class StoreError(ToolLedgerError):
@@ -91,42 +92,6 @@ class AppliedBatch:
         if self.stored_json is not None:
             return self.stored_json
         return [v.model_dump_json() for v in self.verdicts]
-
-
-@dataclass(frozen=True)
-class CallQuery:
-    """One page of the operator queue: a tenant's calls, longest-waiting first.
-
-    Calls are ordered by `(updated_at, key)`: the call whose record changed longest ago comes
-    first, and the key breaks ties so the order is total. `after` is the `(updated_at, key)` of
-    the last call of the previous page (keyset pagination: a page never skips or repeats a call
-    that did not change in between). `tenant_id=None` lists every tenant (admin tools only; the
-    operator API always passes the token's tenant). Empty `statuses` means any status;
-    `contested=True` lists only contested calls (False: only the others; None: both).
-    `started_deadline_before` keeps only the `started` calls whose deadline passed before it
-    (the console's queue lists overdue calls, not ones still running in time).
-    """
-
-    tenant_id: str | None
-    statuses: frozenset[CallStatus] = frozenset()
-    tool: str | None = None
-    run_id: str | None = None
-    contested: bool | None = None
-    after: tuple[datetime, str] | None = None
-    limit: int = 50
-    started_deadline_before: datetime | None = None
-
-    def matches(self, call: CallRecord) -> bool:
-        overdue = self.started_deadline_before
-        return (
-            (self.tenant_id is None or call.tenant_id == self.tenant_id)
-            and (not self.statuses or call.status in self.statuses)
-            and (overdue is None or call.status != "started" or call.deadline < overdue)
-            and (self.tool is None or call.tool == self.tool)
-            and (self.run_id is None or call.run_id == self.run_id)
-            and (self.contested is None or call.contested == self.contested)
-            and (self.after is None or (call.updated_at, call.key) > self.after)
-        )
 
 
 def select_calls(calls: Iterable[CallRecord], query: CallQuery) -> list[CallRecord]:

@@ -29,33 +29,23 @@ import os
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import asyncpg
 from pydantic import ValidationError
 
-from toolledger.errors import ToolLedgerError
+from toolledger.errors import seconds
 from toolledger.events.records import Verdict
-from toolledger.projections.dberrors import DATABASE_ERRORS
+from toolledger.projections.dberrors import database_errors
+from toolledger.runtime.port import LedgerUnavailable
+
+if TYPE_CHECKING:
+    import asyncpg
 
 log = logging.getLogger("toolledger.verdicts")
 
 POLL_INTERVAL = 0.05
 #: PostgreSQL's bound on a notification payload: it must be shorter than this many bytes.
 NOTIFY_PAYLOAD_LIMIT = 8000
-
-
-def seconds(value: float) -> str:
-    """A duration for a message: `10s`, `2.5s`, never `9.99734s`."""
-    return f"{value:.0f}s" if value >= 10 else f"{value:.2g}s"
-
-
-class LedgerUnavailable(ToolLedgerError):
-    """No verdict came in time: Kafka, the projector or PostgreSQL is down or behind.
-
-    Raised before a tool runs, it means the call was not attempted.
-    """
-
-    code = "ledger_unavailable"
 
 
 class VerdictSource(ABC):
@@ -163,7 +153,7 @@ class VerdictWaiter:
             self.polls += 1
             try:
                 found = await self._source.verdicts(list(self._pending))
-            except DATABASE_ERRORS as exc:
+            except database_errors() as exc:
                 log.warning("reading verdicts failed (%s); retrying", exc)
                 await asyncio.sleep(self._poll_interval)
                 continue
@@ -214,6 +204,8 @@ class PostgresNotifications:
         return None if self._conn is None else self._conn.get_server_pid()
 
     async def _connect(self) -> None:
+        import asyncpg  # the driver loads only where PostgreSQL is used
+
         conn = await asyncpg.connect(
             self._dsn, server_settings={"application_name": f"toolledger-listen-{os.getpid()}"}
         )
@@ -252,7 +244,7 @@ class PostgresNotifications:
             while True:
                 try:
                     await self._connect()
-                except DATABASE_ERRORS as exc:
+                except database_errors() as exc:
                     log.warning("LISTEN reconnect failed (%s)", exc)
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, 2.0)

@@ -1,10 +1,84 @@
 """The runtime SDK: what an agent runtime imports to run tools through the ledger.
 
 Modules, in the order a call meets them: `tools` (declarations), `effects` (retry rules),
-`context` (what a tool receives), `ledger` (`Ledger.call`), `replay` and `reconcile` (keys
-already in the ledger), `protocol` (reserve -> execute -> record and its waiting policies),
-`executor` (attempts and classification), `recording` (outcome events, background appends),
-`port` and `stack_port` (everything the runtime reads and appends), `outcome` (what the caller
-gets), `errors`; `runs` (the `AgentRun` driver) and `pauses` (when a paused run may resume).
-The public names are re-exported by `toolledger`; import them from there.
+`context` (what a tool receives), `ledger` (`Ledger.call`), `policy` (the call-policy layer
+that `AgentRun` and the framework adapters share), `pipeline` (the one road of a call),
+`replay` and `reconcile` (keys already in the ledger), `pipelined` (its reservation mode's
+rules), `protocol` (the steps and their waiting policies), `executor` (attempts and
+classification), `recording` (outcome events, background appends), `port` (everything the
+runtime reads and appends, and nothing under it), `outcome` (what the caller gets), `errors`;
+`runs` (the `AgentRun` driver) and `pauses` (when a paused run may resume).
+
+The names below are the runtime's public surface: the framework adapters
+(`toolledger.integrations`) import these and nothing deeper, and `toolledger` re-exports the
+ones applications use. The list is frozen by tests/unit/test_public_api.py.
 """
+
+from toolledger.events.records import CallRecord, RunRecord
+from toolledger.runtime.agents import AgentConfig, ToolPolicy
+from toolledger.runtime.context import ToolContext
+from toolledger.runtime.errors import (
+    KeyConflictError,
+    RunQuarantined,
+    RunSuperseded,
+    TenantMismatchError,
+    ToolArgumentsError,
+    ToolCallAwaitingApproval,
+    ToolCallContested,
+    ToolCallError,
+    ToolCallIndeterminate,
+    ToolCallInProgress,
+    call_label,
+    resolve_command,
+)
+from toolledger.runtime.ledger import Ledger
+from toolledger.runtime.outcome import ToolOutcome
+from toolledger.runtime.pipeline import CallPipeline
+from toolledger.runtime.pipeline import identity as call_identity
+from toolledger.runtime.policy import (
+    CallPolicy,
+    Heard,
+    HeardHow,
+    HeardStatus,
+    Hold,
+    HoldReason,
+    decide,
+)
+from toolledger.runtime.port import CallQuery, LedgerUnavailable, RuntimePort
+from toolledger.runtime.tools import Tool, Toolset
+
+__all__ = [
+    "AgentConfig",
+    "CallPipeline",
+    "CallPolicy",
+    "CallQuery",
+    "CallRecord",
+    "Heard",
+    "HeardHow",
+    "HeardStatus",
+    "Hold",
+    "HoldReason",
+    "KeyConflictError",
+    "Ledger",
+    "LedgerUnavailable",
+    "RunQuarantined",
+    "RunRecord",
+    "RunSuperseded",
+    "RuntimePort",
+    "TenantMismatchError",
+    "Tool",
+    "ToolArgumentsError",
+    "ToolCallAwaitingApproval",
+    "ToolCallContested",
+    "ToolCallError",
+    "ToolCallInProgress",
+    "ToolCallIndeterminate",
+    "ToolContext",
+    "ToolOutcome",
+    "ToolPolicy",
+    "Toolset",
+    "call_identity",
+    "call_label",
+    "decide",
+    "resolve_command",
+]

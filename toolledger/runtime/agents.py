@@ -34,8 +34,9 @@ class ToolPolicy(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    #: `fail`: the run fails (or, with `on_error: return_to_model`, the model hears the call
-    #: failed). `pause`: the run waits in `awaiting_reconciliation` until the call is settled.
+    #: `fail`: the run fails (or, with `on_error: return_to_model`, the model hears that the
+    #: outcome is unknown, status `indeterminate`, never "failed"). `pause`: the run waits in
+    #: `awaiting_reconciliation` until the call is settled.
     on_indeterminate: Literal["fail", "pause"] = "fail"
     #: `fail_run`: a failed call fails the run. `return_to_model`: the model hears the failure.
     on_error: Literal["fail_run", "return_to_model"] = "fail_run"

@@ -17,9 +17,8 @@ from __future__ import annotations
 import shlex
 from datetime import datetime
 
-from toolledger.errors import ToolLedgerError
+from toolledger.errors import LedgerUnavailable, ToolLedgerError
 from toolledger.events.records import CallRecord
-from toolledger.projections.verdicts import LedgerUnavailable
 
 __all__ = [
     "KeyConflictError",

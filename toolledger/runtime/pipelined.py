@@ -1,14 +1,16 @@
 """Pipelined reservation: the call written down before the tool runs, its verdict awaited while
-it runs.
+it runs. A reservation mode of the one call pipeline (`toolledger.runtime.pipeline`); this
+module holds its rules: when a call may pipeline (`RunBindings`), and what a reservation
+refused after its tool ran answers (`refused`).
 
-A verdict-first call (`Ledger._reserve_and_run`) pays a whole round trip before its tool may
+A verdict-first call pays a whole round trip before its tool may
 start: the reservation appended, fetched by the projector, decided, committed in PostgreSQL and
 announced back. A tool declared `external(pipelined=True)` (or `destructive(approval=False,
 pipelined=True)`) starts as soon as Kafka has acknowledged its reservation (acks=all: durable,
 so the call is still always written down before anything is sent) and the verdict is awaited
 while the tool runs:
 
-1. the fast path (`Ledger._call`, as for every call) has already answered a completed key, a
+1. the fast path (`CallPipeline.call`, as for every call) has already answered a completed key, a
    different-arguments key and a contested call from the key's record, and sent a `started` or
    `indeterminate` key to the replay rules;
 2. the run must be known to be bound to the caller's tenant and not known to be quarantined
@@ -25,9 +27,9 @@ while the tool runs:
    reservation's verdict is awaited **without giving up** (`await_verdict_after_running`): the
    tool has run, so a missing verdict (projector or PostgreSQL down) is never turned into an
    answer, nor into an abandon; the call waits, and only closing the ledger ends the wait;
-6. accepted: the answer is recorded as verdict-first records it (`Ledger._answer`): the outcome
-   was appended after the reservation and before its deadline, so nobody else could settle the
-   call first. Refused (`_refused`): the tool ran anyway, and the answer is the ledger's:
+6. accepted: the answer is given as verdict-first gives it (`CallPipeline._answer`): the
+   outcome was appended after the reservation and before its deadline, so nobody else could
+   settle the call first. Refused (`refused`): the tool ran anyway, and the answer is the ledger's:
 
    - another reservation holds the key: the other system saw the key twice and made one effect,
      so the answer is the holder's outcome, awaited (`replay.lost_reservation`); under run
@@ -65,26 +67,21 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from toolledger.events.records import RunRecord, Verdict
 from toolledger.runtime import replay
 from toolledger.runtime.errors import (
     KeyConflictError,
-    LedgerUnavailable,
     RunQuarantined,
     RunSuperseded,
     TenantMismatchError,
-    not_attempted,
 )
 from toolledger.runtime.executor import CallIdentity
 from toolledger.runtime.outcome import ToolOutcome
 from toolledger.runtime.port import RuntimePort
+from toolledger.runtime.protocol import CallProtocol
 from toolledger.runtime.tools import PreparedCall, Tool
-from toolledger.runtime.tracing import CallTrace
-
-if TYPE_CHECKING:
-    from toolledger.runtime.ledger import Ledger
 
 log = logging.getLogger("toolledger.runtime")
 
@@ -144,54 +141,16 @@ class RunBindings:
         return True
 
 
-async def call(
-    ledger: Ledger,
-    tool: Tool[Any, T],
-    traced: CallTrace,
-    prepared: PreparedCall,
-    who: CallIdentity,
-    run_version: int | None,
-    warning: str | None,
-) -> ToolOutcome[T]:
-    """Steps 2 to 6 of the module docstring for a key the fast path did not answer."""
-    if not await ledger._runs.bound_to_caller(ledger.port, tool.name, who):
-        return await ledger._reserve_and_run(tool, traced, prepared, who, run_version, warning)
-    protocol = ledger.protocol
-    with traced.reserve() as phase:
-        reserved = ledger._reservation(tool, prepared, who, run_version, warning, phase)
-        try:
-            await protocol.append_reservation(reserved, watch=True)
-        except LedgerUnavailable as exc:
-            raise not_attempted(tool.name, who.key, exc) from exc
-    try:
-        with traced.tool() as phase:
-            ended = await protocol.execute(tool, prepared, who, reserved)
-            phase.ended(ended)
-    except BaseException:
-        protocol.unwatch(reserved)
-        raise
-    traced.ran(ended)
-    with traced.outcome_phase() as phase:
-        landing = protocol.recording(who, reserved, ended)  # lands while the verdict is awaited
-        verdict = await protocol.await_verdict_after_running(reserved)
-        phase.verdict(verdict)
-        ledger._runs.learn(verdict.run)
-        landed = await protocol.landed(who.key, landing)
-        if verdict.accepted:
-            return await ledger._answer(tool, who, reserved, ended, landed)
-    # Refused: the outcome landed all the same, evidence in the key's history.
-    return await _refused(ledger, tool, prepared, who, verdict, run_version)
-
-
-async def _refused(
-    ledger: Ledger,
+async def refused(
+    protocol: CallProtocol,
     tool: Tool[Any, T],
     prepared: PreparedCall,
     who: CallIdentity,
     verdict: Verdict,
     run_version: int | None,
 ) -> ToolOutcome[T]:
-    """The answer for a reservation refused after its tool ran (step 6)."""
+    """The answer for a reservation refused after its tool ran (step 6 of the module
+    docstring)."""
     log.warning(
         "pipelined call %s ran before its reservation was refused (%s: %s); its outcome is kept "
         "in the history as evidence",
@@ -212,4 +171,4 @@ async def _refused(
             given=prepared.digest,
             ran=True,
         )
-    return await replay.lost_reservation(ledger.protocol, tool, prepared, who, verdict, run_version)
+    return await replay.lost_reservation(protocol, tool, prepared, who, verdict, run_version)

@@ -14,7 +14,11 @@ one place instead of at every call site:
 
 Waiting is not decided here: every method is bounded by the `timeout` it is given, and the
 policies (how long, whether to try again) are the call protocol's `WaitPolicy`.
-`toolledger.runtime.stack_port.StackPort` implements it over a `LedgerStack`.
+`CallQuery` (what `list_calls` asks) is the port's own type, so it lives here, with no storage
+under it; so is `LedgerUnavailable` (what every method raises when the ledger cannot answer),
+defined with the other errors in `toolledger.errors` and exported here.
+The adapters are chosen by the wiring (`toolledger.wiring`): `StackPort` over a memory or a
+Kafka and PostgreSQL stack.
 """
 
 from __future__ import annotations
@@ -22,14 +26,55 @@ from __future__ import annotations
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Collection
+from dataclasses import dataclass
 from datetime import datetime
-from typing import TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
+from toolledger.errors import LedgerUnavailable
 from toolledger.events.models import Event
 from toolledger.events.payloads import PayloadLimits
-from toolledger.events.records import CallRecord, RunRecord, Verdict
-from toolledger.projections.store import CallQuery
-from toolledger.runtime.executor import CallIdentity
+from toolledger.events.records import CallRecord, CallStatus, RunRecord, Verdict
+
+if TYPE_CHECKING:
+    from toolledger.runtime.executor import CallIdentity
+
+__all__ = ["CallQuery", "Envelope", "LedgerUnavailable", "RuntimePort", "envelope"]
+
+
+@dataclass(frozen=True)
+class CallQuery:
+    """One page of the operator queue: a tenant's calls, longest-waiting first.
+
+    Calls are ordered by `(updated_at, key)`: the call whose record changed longest ago comes
+    first, and the key breaks ties so the order is total. `after` is the `(updated_at, key)` of
+    the last call of the previous page (keyset pagination: a page never skips or repeats a call
+    that did not change in between). `tenant_id=None` lists every tenant (admin tools only; the
+    operator API always passes the token's tenant). Empty `statuses` means any status;
+    `contested=True` lists only contested calls (False: only the others; None: both).
+    `started_deadline_before` keeps only the `started` calls whose deadline passed before it
+    (the console's queue lists overdue calls, not ones still running in time).
+    """
+
+    tenant_id: str | None
+    statuses: frozenset[CallStatus] = frozenset()
+    tool: str | None = None
+    run_id: str | None = None
+    contested: bool | None = None
+    after: tuple[datetime, str] | None = None
+    limit: int = 50
+    started_deadline_before: datetime | None = None
+
+    def matches(self, call: CallRecord) -> bool:
+        overdue = self.started_deadline_before
+        return (
+            (self.tenant_id is None or call.tenant_id == self.tenant_id)
+            and (not self.statuses or call.status in self.statuses)
+            and (overdue is None or call.status != "started" or call.deadline < overdue)
+            and (self.tool is None or call.tool == self.tool)
+            and (self.run_id is None or call.run_id == self.run_id)
+            and (self.contested is None or call.contested == self.contested)
+            and (self.after is None or (call.updated_at, call.key) > self.after)
+        )
 
 
 class Envelope(TypedDict):

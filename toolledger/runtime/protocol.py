@@ -24,11 +24,10 @@ step by step"); what differs between them is only how long each may wait, which 
 `settle()` appends a reconcile finding and awaits its verdict within the verdict timeout (the
 reconciler asks again later on `LedgerUnavailable`; a replaying runtime answers "unknown").
 
-The steps are separate methods so that flows are compositions: `Ledger` and the compensator
-reserve verdict-first, then execute, then record; the pipelined flow
-(`toolledger.runtime.pipelined`) appends the reservation, runs the tool, records its outcome
-while the reservation's verdict is awaited (`await_verdict_after_running`: like an outcome's,
-never abandoned once the tool ran), and answers the same way.
+The steps are separate methods, composed once, by `toolledger.runtime.pipeline.CallPipeline`
+(verdict first: reserve, execute, record; pipelined: append the reservation, execute, record
+while the reservation's verdict is awaited with `await_verdict_after_running`, which like an
+outcome's is never abandoned once the tool ran).
 """
 
 from __future__ import annotations
@@ -41,13 +40,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
+from toolledger.errors import seconds
 from toolledger.events.log import RecordTooLarge
 from toolledger.events.models import CallAbandoned, CallEvent, CallReserved
 from toolledger.events.payloads import PayloadError
 from toolledger.events.records import Verdict
-from toolledger.projections.verdicts import LedgerUnavailable, seconds
 from toolledger.runtime.executor import Attempted, CallIdentity, execute
-from toolledger.runtime.port import RuntimePort, envelope
+from toolledger.runtime.port import LedgerUnavailable, RuntimePort, envelope
 from toolledger.runtime.recording import (
     BackgroundAppends,
     Outcome,
@@ -79,11 +78,16 @@ class WaitPolicy:
     - `resend_every`: the pause between two tries of an event that must land. Abandons and
       outcomes are always appended until they land, in the background: an abandon tried once
       could leave an accepted reservation `started` with nobody running it.
+    - `answer_on_ack`: an outcome appended inside its reservation's deadline is answered on
+      Kafka's acknowledgement, its verdict not awaited (nobody else may settle the call before
+      the deadline, so the verdict can only agree). A runtime does; a request that hands the
+      ledger's record back (a compensation) awaits the verdict.
     """
 
     verdict_timeout: float = 10.0
     outcome_wait: float | None = None
     resend_every: float = 0.1
+    answer_on_ack: bool = True
 
     def __post_init__(self) -> None:
         bound = 1.0 if self.outcome_wait is None else self.outcome_wait
@@ -100,7 +104,9 @@ class WaitPolicy:
     def request(cls, verdict_timeout: float) -> WaitPolicy:
         """A request somebody waits on (the API's compensations, a reconciler's question):
         every wait bounded by `verdict_timeout`."""
-        return cls(verdict_timeout=verdict_timeout, outcome_wait=verdict_timeout)
+        return cls(
+            verdict_timeout=verdict_timeout, outcome_wait=verdict_timeout, answer_on_ack=False
+        )
 
 
 class Landed(NamedTuple):

@@ -12,13 +12,14 @@ comes before any tool runs, so:
   calls (the decider rejects the other's reservations and checkpoints): it stands down with
   `RunSuperseded`, and every step has one effect.
 
-Policies (`AgentConfig.tool_policy`) decide what the model hears. With `on_indeterminate:
-pause` the model never hears "failed" while the honest answer is "unknown": the run pauses in
-`awaiting_reconciliation` and, once the call is settled (reconciler or operator), resumes with
-the truth; a contested call (settled failed, then evidence of an effect arrived) pauses it the
-same way until an operator decides again. The duplicate-intent guard holds a new call that
-repeats the tool and arguments of an unsettled call of the same run, so a model retrying with a
-new call id cannot charge twice.
+Policies (`AgentConfig.tool_policy`) decide what the model hears, by the rules of the
+call-policy layer the framework adapters share (`toolledger.runtime.policy`); this module words
+them. With `on_indeterminate: pause` the model never hears "failed" while the honest answer is
+"unknown": the run pauses in `awaiting_reconciliation` and, once the call is settled (reconciler
+or operator), resumes with the truth; a contested call (settled failed, then evidence of an
+effect arrived) pauses it the same way until an operator decides again. The duplicate-intent
+guard holds a new call that repeats the tool and arguments of an unsettled call of the same
+run, so a model retrying with a new call id cannot charge twice.
 """
 
 from __future__ import annotations
@@ -35,20 +36,13 @@ from toolledger.events.models import (
     RunPaused,
     RunResumed,
     RunStarted,
-    call_key,
 )
-from toolledger.events.records import UNSETTLED, CallRecord, RunRecord
-from toolledger.projections.store import CallQuery
+from toolledger.events.records import RunRecord
 from toolledger.runtime.agents import AgentConfig
-from toolledger.runtime.errors import (
-    KeyConflictError,
-    RunSuperseded,
-    ToolArgumentsError,
-    ToolCallAwaitingApproval,
-    ToolCallIndeterminate,
-    ToolCallInProgress,
-)
+from toolledger.runtime.errors import RunSuperseded
 from toolledger.runtime.ledger import Ledger
+from toolledger.runtime.pipeline import identity
+from toolledger.runtime.policy import Hold, decide
 from toolledger.runtime.tools import Tool, Toolset
 
 Message = dict[str, Any]
@@ -125,7 +119,6 @@ class AgentRun:
         self.model = model
         self.version = 0
         self.transcript: Transcript = []
-        self._held_on: str | None = None
 
     # -- entry points ----------------------------------------------------------------------
 
@@ -154,7 +147,6 @@ class AgentRun:
             return RunResult(self.run_id, _final(run.status), json.loads(run.state_json))
         self.version = run.version
         self.transcript = json.loads(run.state_json)
-        self._held_on = run.waiting_on if run.status == "duplicate_intent" else None
         if run.status != "running":
             await self._append(RunResumed(**self._envelope(), expected_version=self.version))
         if run.version > 0:
@@ -210,54 +202,48 @@ class AgentRun:
         return []
 
     async def _make(self, request: ToolCallRequest) -> _Pause | _Fail | None:
-        """Make one call and put what the model should hear into the transcript."""
-        key = call_key(self.run_id, request.id)
+        """Make one call (`toolledger.runtime.policy` decides) and put what the model should
+        hear into the transcript."""
         tool = self.tools.get(request.tool)
         if tool is None:
             return self._error(request, f"there is no tool named {request.tool!r}")
-        record = await self.port.read_call(key)
-        told = _settled_elsewhere(record)
-        if told is not None:
-            self._answer(request, *told)
-            return None
-        warning = None
-        if record is None:
-            twin = await self._unsettled_twin(tool, request)
-            if twin is not None and twin.status in UNSETTLED:
-                if self.policy.duplicate_intent == "hold":
-                    return _Pause(
-                        "duplicate_intent",
-                        twin.key,
-                        f"{key} repeats {twin.key} ({twin.status}); held until it is settled",
-                    )
-                warning = f"duplicate intent of {twin.key} ({twin.status}), allowed by policy"
-            elif twin is not None and twin.key == self._held_on and twin.status == "completed":
-                twin = await self.port.restored_call(twin)
-                self._answer(request, "completed", twin.result_json or "null", twin.key)
-                return None
-        try:
-            outcome = await self.ledger.call(
-                tool,
-                run_id=self.run_id,
-                tool_call_id=request.id,
-                tenant_id=self.tenant_id,
-                arguments=request.arguments,
-                run_version=self.version,
-                warning=warning,
-            )
-        except (ToolCallIndeterminate, ToolCallInProgress) as exc:
-            if self.policy.on_indeterminate == "pause":
-                return _Pause("awaiting_reconciliation", key, str(exc))
-            return self._error(request, f"the call failed: {exc}")
-        except ToolCallAwaitingApproval as exc:
-            return _Pause("awaiting_approval", key, str(exc))
-        except (KeyConflictError, ToolArgumentsError) as exc:  # ToolArgumentsTooLarge included
-            return self._error(request, str(exc))
-        if outcome.status == "completed":
-            result = outcome.record.result_json if outcome.record is not None else None
-            self._answer(request, "completed", result or tool.dump_result(outcome.value))
-            return None
-        return self._error(request, f"the call failed: {outcome.error}")
+        who = identity(tool.name, self.run_id, request.id, self.tenant_id)
+        decided = await decide(
+            self.ledger.pipeline,
+            tool,
+            who,
+            request.arguments,
+            self.policy,
+            run_version=self.version,
+        )
+        if isinstance(decided, Hold):
+            return _Pause(decided.reason, decided.waiting_on, decided.detail)
+        match decided.how, decided.status:
+            case "same_as", _:
+                self._answer(request, "completed", decided.result_json or "null", decided.same_as)
+            case _, "compensated":
+                said = (
+                    "the call took effect and was then compensated by an operator "
+                    f"({decided.detail})"
+                )
+                self._answer(request, "compensated", json.dumps(said))
+            case "rejected", _:
+                said = f"an operator rejected the call; it did not take effect ({decided.detail})"
+                self._answer(request, "failed", json.dumps(said))
+            case "settled_elsewhere", _:
+                said = f"the call did not take effect ({decided.detail})"
+                self._answer(request, "failed", json.dumps(said))
+            case "refused", _:
+                return self._error(request, decided.detail or "the call was refused")
+            case _, "completed":
+                self._answer(request, "completed", decided.result_json or "null")
+            case _, "indeterminate":
+                if self.policy.on_error == "fail_run":
+                    return _Fail(f"call {request.id} ({request.tool}): {decided.detail}")
+                self._answer(request, "indeterminate", json.dumps(decided.detail))
+            case _:
+                return self._error(request, f"the call failed: {decided.detail}")
+        return None
 
     def _error(self, request: ToolCallRequest, detail: str) -> _Fail | None:
         if self.policy.on_error == "fail_run":
@@ -277,23 +263,6 @@ class AgentRun:
         if same_as is not None:
             message["same_as"] = same_as
         self.transcript.append(message)
-
-    async def _unsettled_twin(
-        self, tool: Tool[Any, Any], request: ToolCallRequest
-    ) -> CallRecord | None:
-        """Another call of this run with the same tool and argument digest, if any."""
-        try:
-            digest = tool.prepare(request.arguments).digest
-        except ValueError:
-            return None
-        calls = await self.port.list_calls(
-            CallQuery(tenant_id=self.tenant_id, run_id=self.run_id, tool=tool.name, limit=500)
-        )
-        twins = [c for c in calls if c.args_digest == digest and c.tool_call_id != request.id]
-        unsettled = [c for c in twins if c.status in UNSETTLED]
-        held = [c for c in twins if c.key == self._held_on]
-        found = unsettled or held
-        return found[0] if found else None
 
     # -- run events ------------------------------------------------------------------------
 
@@ -338,23 +307,6 @@ class AgentRun:
             "tenant_id": self.tenant_id,
             "occurred_at": self.ledger.clock(),
         }
-
-
-def _settled_elsewhere(record: CallRecord | None) -> tuple[str, str] | None:
-    """What the model hears about a call settled by someone else than this driver's call:
-    an operator's or reconciler's failure, a compensation. None: make the call."""
-    if record is None:
-        return None
-    if record.status in ("compensating", "compensated"):
-        return "compensated", json.dumps(
-            f"the call took effect and was then compensated by an operator ({record.reason})"
-        )
-    if record.status == "failed" and record.contested:
-        return None  # `Ledger.call` raises ToolCallContested: the run pauses or fails on it
-    if record.status == "failed" and record.settled_by in ("operator", "reconcile"):
-        why = record.reason or record.error or "no reason given"
-        return "failed", json.dumps(f"the call did not take effect ({why})")
-    return None
 
 
 def _final(status: str) -> RunState:

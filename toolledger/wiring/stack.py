@@ -1,4 +1,4 @@
-"""Wiring: the parts of a ledger assembled for one process, embedded or against real services.
+"""LedgerStack: the parts of a ledger assembled for one process, embedded or against services.
 
 `LedgerStack.memory()` is the embedded default: a memory log, a memory ledger and an in-process
 projector, for the demo and for users' unit tests. `LedgerStack.connect(settings)` talks to Kafka
@@ -7,7 +7,8 @@ production projectors are their own processes; a stack that runs one needs the p
 (`ProjectorSettings.verify_keys`, read from the environment when `settings` is the shared
 block) and refuses to start without them. Its runtime-side reads (a call's record, a
 verdict) share one PostgreSQL connection of their own, opened on first use
-(`toolledger.projections.postgres_reads` says why).
+(`toolledger.projections.postgres_reads` says why). The Kafka and PostgreSQL adapters are
+imported by `connect()` only, so the embedded stack never loads aiokafka or asyncpg.
 """
 
 from __future__ import annotations
@@ -18,25 +19,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from toolledger.events.codec import default_codec
-from toolledger.events.kafka import KafkaLog
 from toolledger.events.log import DEFAULT_MAX_RECORD_BYTES, EventLog
 from toolledger.events.memory import MemoryBroker
 from toolledger.events.payloads import PayloadLimits
 from toolledger.events.records import Verdict
 from toolledger.events.signing import SigningKey, VerifyKeys
-from toolledger.projections.commands import LedgerCommands
 from toolledger.projections.facts import FactsPublisher
 from toolledger.projections.memory import MemoryLedger
-from toolledger.projections.ownership import MemoryPartitionLocks, PostgresPartitionLocks
-from toolledger.projections.postgres import PostgresLedger
-from toolledger.projections.postgres_reads import PostgresReads
+from toolledger.projections.ownership import MemoryPartitionLocks
 from toolledger.projections.projector import Projector, VerdictSink
 from toolledger.projections.reads import CallReads, PointReads, StoreReads
 from toolledger.projections.store import LedgerStore
 from toolledger.projections.verdicts import PostgresNotifications, VerdictWaiter
 from toolledger.settings import ProjectorSettings, Settings, load_settings
+from toolledger.wiring.commands import LedgerCommands
 
-log = logging.getLogger("toolledger.stack")
+log = logging.getLogger("toolledger.wiring.stack")
 
 #: The facts producer's batch per partition. The projector publishes a whole batch of verdicts
 #: at once and aiokafka keeps one request in flight per broker, so with its 16 KB default
@@ -121,6 +119,11 @@ class LedgerStack:
         for a process that never waits for a verdict (`toolledger projector`), whose every
         notification would otherwise come back to it as a wake-up for nothing; its waiter
         still polls, should anything wait after all."""
+        from toolledger.events.kafka import KafkaLog
+        from toolledger.projections.ownership import PostgresPartitionLocks
+        from toolledger.projections.postgres import PostgresLedger
+        from toolledger.projections.postgres_reads import PostgresReads
+
         database_url, bootstrap = settings.require_services()
         if run_projector and not isinstance(settings, ProjectorSettings):
             settings = load_settings(ProjectorSettings, **settings.model_dump())

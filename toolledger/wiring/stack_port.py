@@ -21,11 +21,9 @@ from collections.abc import AsyncIterator, Collection
 from toolledger.events.models import Event
 from toolledger.events.payloads import PayloadLimits
 from toolledger.events.records import CallRecord, RunRecord, Verdict
-from toolledger.projections.dberrors import DATABASE_ERRORS
-from toolledger.projections.store import CallQuery
-from toolledger.projections.verdicts import LedgerUnavailable
-from toolledger.runtime.port import RuntimePort
-from toolledger.stack import LedgerStack
+from toolledger.projections.dberrors import database_errors
+from toolledger.runtime.port import CallQuery, LedgerUnavailable, RuntimePort
+from toolledger.wiring.stack import LedgerStack
 
 log = logging.getLogger("toolledger.runtime")
 
@@ -35,7 +33,7 @@ async def _store_errors(what: str) -> AsyncIterator[None]:
     """Fail closed in the runtime's words: a driver error of the store is `LedgerUnavailable`."""
     try:
         yield
-    except DATABASE_ERRORS as exc:
+    except database_errors() as exc:
         raise LedgerUnavailable(
             f"cannot read {what} ({type(exc).__name__}: {exc}); nothing was run. Try again "
             "once PostgreSQL is reachable."
@@ -56,7 +54,7 @@ class StackPort(RuntimePort):
     async def read_call(self, key: str) -> CallRecord | None:
         try:
             record = await self.stack.call_reads.get(key)
-        except DATABASE_ERRORS as exc:
+        except database_errors() as exc:
             raise LedgerUnavailable(
                 f"cannot read the ledger record of {key} ({exc}); the call was not attempted. "
                 "Call again once PostgreSQL is reachable."

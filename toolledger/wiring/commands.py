@@ -21,6 +21,7 @@ from typing import TypeVar
 
 from pydantic import TypeAdapter
 
+from toolledger.errors import seconds
 from toolledger.events.codec import encode
 from toolledger.events.fold import HistoryEntry
 from toolledger.events.log import EventLog, LogError, Position, RecordTooLarge
@@ -38,9 +39,10 @@ from toolledger.events.payloads import (
     run_blobs,
 )
 from toolledger.events.records import CallRecord, RunRecord, Verdict
-from toolledger.projections.dberrors import DATABASE_ERRORS, transient_database_error
+from toolledger.projections.dberrors import database_errors, transient_database_error
 from toolledger.projections.store import LedgerStore
-from toolledger.projections.verdicts import LedgerUnavailable, VerdictWaiter, seconds
+from toolledger.projections.verdicts import VerdictWaiter
+from toolledger.runtime.port import LedgerUnavailable
 
 log = logging.getLogger("toolledger.commands")
 
@@ -88,7 +90,7 @@ class LedgerCommands:
             )
         try:
             await self.blobs.put_blobs(blobs)
-        except DATABASE_ERRORS as exc:
+        except database_errors() as exc:
             size = sum(map(len, blobs.values()))
             if transient_database_error(exc):
                 raise LedgerUnavailable(
@@ -178,7 +180,7 @@ class LedgerCommands:
             return {}
         try:
             return await self.blobs.get_blobs(digests)
-        except DATABASE_ERRORS as exc:
+        except database_errors() as exc:
             raise LedgerUnavailable(
                 f"cannot read payload blobs {sorted(digests)} ({exc!r}); PostgreSQL is unreachable"
             ) from exc
