@@ -35,7 +35,7 @@ from toolledger.api.service import Operator, OperatorService
 from toolledger.api.tokens import MemoryTokens
 from toolledger.events.records import CallRecord
 from toolledger.extras import installed
-from toolledger.runtime.stack_port import StackPort
+from toolledger.wiring.stack_port import StackPort
 
 RUN = "demo-run"
 TENANT = "acme"

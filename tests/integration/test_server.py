@@ -43,7 +43,7 @@ from toolledger.events.signing import SigningKey, sign
 from toolledger.runtime.agents import AgentConfig, ToolPolicy
 from toolledger.runtime.runs import AgentRun, ToolCallRequest
 from toolledger.settings import Settings
-from toolledger.stack import LedgerStack
+from toolledger.wiring.stack import LedgerStack
 
 #: Import, connect, create topics, take partitions, join the processors' groups.
 START_TIMEOUT = 40.0

@@ -24,7 +24,7 @@ from toolledger.api.closing import close_stack
 from toolledger.api.tokens import MemoryTokens
 from toolledger.events.signing import SigningKey, sign
 from toolledger.projections.health import ProjectorHealth
-from toolledger.stack import LedgerStack
+from toolledger.wiring.stack import LedgerStack
 
 #: A key id no projector here has the public key of.
 UNKNOWN = SigningKey.from_seed("ops-unknown", b"a key no projector was given 32b")

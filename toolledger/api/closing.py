@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from toolledger.stack import LedgerStack
+from toolledger.wiring.stack import LedgerStack
 
 __all__ = ["close_stack"]
 

@@ -40,7 +40,7 @@ from toolledger.errors import ExitStatus
 from toolledger.projections.health import ProjectorHealth, log_status
 from toolledger.server.children import Children, exit_of
 from toolledger.settings import OperatorSettings, ProjectorSettings, Settings, load_settings
-from toolledger.stack import LedgerStack
+from toolledger.wiring.stack import LedgerStack
 
 log = logging.getLogger("toolledger.server")
 
