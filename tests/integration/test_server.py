@@ -319,3 +319,21 @@ async def test_a_halted_partition_shows_in_the_status_line_readyz_metrics_and_co
         queue = await web.get("/console/queue")
         assert 'class="banner"' in queue.text
         assert f"partition {position.partition} is halted at offset {position.offset}" in queue.text
+
+
+async def test_two_servers_share_the_partitions_and_one_takes_over_when_the_other_dies(
+    isolated: Isolated, procs: Procs, tmp_path: Path
+) -> None:
+    """Several servers share partitions as projectors do: with shared ownership each of two
+    takes one, and when one is SIGKILLed the survivor folds both within seconds."""
+    settings = isolated.settings(Settings)
+    env = {**_env(settings, tmp_path), "TOOLLEDGER_PROJECTOR_OWNERSHIP": "share"}
+    fast = ("--status-every", "0.2")
+    one, two = [
+        procs.python(name, "toolledger", "server", "--port", str(_free_port()), *fast, env=env)
+        for name in ("server-1", "server-2")
+    ]
+    shares = [await proc.wait_for(r"owns \[(\d)\];", timeout=START_TIMEOUT) for proc in (one, two)]
+    assert {m.group(1) for m in shares} == {"0", "1"}
+    one.kill()
+    await two.wait_for(r"owns \[0, 1\];", timeout=START_TIMEOUT, after=two.mark())
