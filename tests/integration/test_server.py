@@ -223,20 +223,36 @@ async def test_one_server_process_projects_serves_the_console_reconciles_and_res
     assert any('"source":"reconcile"' in h.event_json for h in history if h.accepted)
 
 
+def _gone(pid: int) -> bool:
+    """The process has exited (a zombie not yet reaped by init counts: it runs nothing)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def _children(server: Server) -> list[int]:
+    pids = re.findall(r"started the \w+ \(pid (\d+)\)", server.proc.output())
+    assert len(pids) == 2, server.proc.output()[-3000:]
+    return [int(pid) for pid in pids]
+
+
+async def test_a_sigkilled_server_leaves_no_child_role_running(server: Server) -> None:
+    """A reconciler outlived its SIGKILLed server for an hour in this very suite (a faust
+    worker told to stop while starting hung): the kernel must kill the children with it."""
+    children = _children(server)
+    server.proc.kill()
+    await until(lambda: all(_gone(pid) for pid in children), timeout=10, what=f"{children} to die")
+
+
 async def test_sigterm_stops_every_role_by_pid_and_the_server_exits_0(server: Server) -> None:
     """SIGTERM to the server's pid must stop its children too: a supervisor that exits and
     leaves a reconciler or resumer running would keep consuming facts nobody deploys."""
-    children = [
-        int(pid) for pid in re.findall(r"started the \w+ \(pid (\d+)\)", server.proc.output())
-    ]
-    assert len(children) == 2, server.proc.output()[-3000:]
+    children = _children(server)
     server.proc.signal(signal.SIGTERM)
     assert await server.proc.wait_exit(timeout=60) == ExitStatus.OK, server.proc.output()[-3000:]
 
-    def gone() -> bool:
-        return not any(Path(f"/proc/{pid}").exists() for pid in children)
-
-    await until(gone, timeout=10, what=f"the children {children} to exit")
+    await until(lambda: all(_gone(pid) for pid in children), timeout=10, what=f"{children} to exit")
 
 
 async def test_a_child_role_that_stops_stops_the_server_with_its_exit_status(

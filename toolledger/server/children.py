@@ -12,7 +12,9 @@ stripped of what only the projector and the operator roles read.
 The server supervises them itself, so it stays one thing to deploy and stop:
 
 - a child's output goes to the server's stdout and stderr (its lines carry its own pid);
-- on Linux a child is sent SIGTERM by the kernel if the server dies without stopping it;
+- on Linux the kernel SIGKILLs a child whose server died without stopping it (SIGKILL, not
+  SIGTERM: a faust worker told to stop while it is still starting can hang there, and with
+  its server gone nobody would escalate; the facts it had not committed are redelivered);
 - `stop()` sends SIGTERM to each child's pid, waits, and sends SIGKILL to the pid of one
   that has not exited in time; nothing is ever signalled by name;
 - a child that exits while the server runs stops the whole server, with the child's own exit
@@ -28,7 +30,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from toolledger.errors import ExitStatus
@@ -66,12 +68,19 @@ def child_environment(environ: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in environ.items() if k not in PRIVATE_TO_SERVER}
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGTERM when the server's process ends (Linux only), so a
-    SIGKILLed server leaves no processor behind still consuming facts."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+def _dies_with(server: int) -> Callable[[], None]:
+    """For the child, before exec: SIGKILL when the server's process ends (Linux only), so a
+    SIGKILLed server leaves no processor behind still consuming facts. A server that died
+    before the call was made is caught by the parent check after it."""
+
+    def arm() -> None:
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != server:
+            os._exit(1)
+
+    return arm
 
 
 @dataclass
@@ -129,7 +138,7 @@ class Children:
             *args,
             env=self._env,
             stdin=asyncio.subprocess.DEVNULL,
-            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            preexec_fn=_dies_with(os.getpid()) if sys.platform == "linux" else None,
         )
         child = Child(role, process)
         self.started.append(child)
