@@ -20,6 +20,7 @@ from benchmarks import (
     catch_up,
     fast_path,
     integrations,
+    leader_verdict,
     memory_call,
     replay_rate,
     runtime_overhead,
@@ -31,6 +32,7 @@ from toolledger.devstack import Services
 
 BENCHMARKS = (
     "latency",
+    "leader",
     "catch-up",
     "replay",
     "overhead",
@@ -94,6 +96,9 @@ async def _run(found: Services, args: argparse.Namespace) -> list[Row]:
         if "latency" in chosen:
             say("verdict latency")
             rows += await verdict_latency.measure(scratch, samples=args.samples, repeat=args.repeat)
+        if "leader" in chosen:
+            say("reservation verdict on the leader fast path")
+            rows += await leader_verdict.measure(scratch, samples=args.samples, repeat=args.repeat)
         if chosen & {"catch-up", "replay"}:
             say(f"backlog: appending {args.events:,} events")
             backlog = await _backlog.build(scratch, args.events, args.partitions)

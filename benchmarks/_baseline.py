@@ -65,6 +65,7 @@ def compare(module: str, size: int, baseline: str, repeat: int, what: str) -> No
     """`python -m module --child size` on `baseline` and on this tree, alternating (which goes
     first alternates too), `repeat` times each; prints each tree's median `cpu_us` and ratio."""
     samples: dict[str, list[float]] = {"baseline": [], "this tree": []}
+    floors: dict[str, list[float]] = {"baseline": [], "this tree": []}
     with tempfile.TemporaryDirectory(prefix="toolledger-baseline-") as tmp:
         trees = {"baseline": export_tree(baseline, Path(tmp)), "this tree": None}
         for rep in range(repeat):
@@ -72,13 +73,18 @@ def compare(module: str, size: int, baseline: str, repeat: int, what: str) -> No
             for name in order:
                 child = run_child(module, ["--child", str(size)], trees[name])
                 samples[name].append(float(child["cpu_us"]))
+                floors[name].append(float(child["floor_us"]))
             line = ", ".join(f"{n} {v[-1]:.1f}" for n, v in samples.items())
             print(f"  {rep + 1}/{repeat}: {what} (us): {line}", file=sys.stderr, flush=True)
     base = statistics.median(samples["baseline"])
+    base_floor = statistics.median(floors["baseline"]) or 1.0
     print(f"{what}, median of {repeat} child runs each (size {size}), baseline {baseline}")
     for name, values in samples.items():
-        value = statistics.median(values)
-        print(f"{name:<10} {value:>8.1f} us  {value / base:.3f}x")
+        value, floor = statistics.median(values), statistics.median(floors[name])
+        print(
+            f"{name:<10} {value:>8.1f} us  {value / base:.3f}x"
+            f"   floor {floor:>8.1f} us  {floor / base_floor:.3f}x"
+        )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

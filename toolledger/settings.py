@@ -125,6 +125,32 @@ class Settings(BaseSettings):
         description="Largest payload recorded at all; a larger result leaves its call "
         "indeterminate with an error naming the limit.",
     )
+    leader: Literal["auto", "off"] = Field(
+        default="off",
+        description="Runtimes: `auto` sends reservations, outcomes and abandons to the leader "
+        "of the run's partition when one is registered (the fast path), else appends directly; "
+        "`off` (the default until the fast path is faster than the direct one: BENCHMARKS.md, "
+        "issue 25) always appends directly.",
+    )
+    leader_listen: str = Field(
+        default="127.0.0.1:0",
+        description="Projectors: host:port the partition leader listens on (port 0: any free "
+        "one; the address is registered in PostgreSQL), or `off` to run no leader.",
+    )
+    leader_timeout_ms: int = Field(
+        default=1000,
+        gt=0,
+        description="Runtimes: how long a leader has to answer before a call takes the direct "
+        "path (and that leader is left alone for a few seconds).",
+    )
+
+    @field_validator("leader_listen")
+    @classmethod
+    def _listen_ok(cls, value: str) -> str:
+        host, sep, port = value.rpartition(":")
+        if value != "off" and not (sep and host and port.isdigit() and int(port) < 65536):
+            raise ValueError("must be host:port (e.g. 127.0.0.1:7311, port 0 for any) or off")
+        return value
 
     @field_validator("schema_name")
     @classmethod

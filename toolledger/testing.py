@@ -14,19 +14,31 @@ def test_billing_tools_keep_the_contract() -> None:
 `fake_tool_context()` builds the `ToolContext` a tool receives, so the tool's own logic can be
 unit-tested by calling it directly (`await issue_credit("acct", 2500, fake_tool_context())`),
 without a ledger.
+
+`Operator` settles calls in process (resolve, approve, reject, compensate), signed and decided
+exactly as over the operator API, so a test or an example needs no server, token or HTTP client
+to play the human who settles what nobody can know automatically.
 """
 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Iterable
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from toolledger.events.models import utcnow
+from toolledger.events.records import CallRecord
+from toolledger.events.signing import SigningKey
 from toolledger.runtime.context import ToolContext
+from toolledger.runtime.ledger import Ledger
 from toolledger.runtime.tools import Tool, key_passing_problem
+from toolledger.wiring.stack import LedgerStack
 
-__all__ = ["assert_tool_contract", "fake_tool_context"]
+if TYPE_CHECKING:  # the operator service lives under toolledger.api, which imports FastAPI
+    from toolledger.api.service import Compensation
+
+__all__ = ["Operator", "assert_tool_contract", "fake_tool_context"]
 
 
 def assert_tool_contract(tool: Tool[Any, Any]) -> None:
@@ -43,9 +55,11 @@ def assert_tool_contract(tool: Tool[Any, Any]) -> None:
        second attempt of such a tool anyway; a declaration saying otherwise is a mistake.
     3. **A way to recognise a repeat** (`write()`, `external()`, `destructive()`): the tool has
        a reconcile hook, or its source reads `<context>.idempotency_key`, an attribute access
-       on its context parameter found with `ast` in `inspect.getsource(tool.fn)`. Reading it
-       through an alias or a helper that receives the context is not seen; a tool whose
-       source Python cannot show fails this check.
+       on its context parameter found with `ast` in `inspect.getsource(tool.fn)`, or hands
+       the context itself to a helper marked as sending the key (a `toolledger.http.ToolHTTP`
+       defined at module level: `await payments.post(url, context=context)`). Reading it
+       through an alias or an unmarked helper that receives the context is not seen; a tool
+       whose source Python cannot show fails this check.
 
     Passing says the tool *can* take effect once; whether the other system honours the key
     is for a test against that system (or its fake) to show.
@@ -99,3 +113,118 @@ def fake_tool_context(
         tool=tool,
         idempotency_key=idempotency_key,
     )
+
+
+# -- an operator in process ---------------------------------------------------------------------
+
+
+class Operator:
+    """An operator who settles calls in process, signed as the operator API signs.
+
+    For tests and examples: what `toolledger executions resolve|approve|reject|compensate` and
+    the API's `POST /v1/tool-executions/{key}/...` do, without a server, tokens or an HTTP
+    client. It is the API's own `OperatorService` (the same events, signatures, compare-and-set
+    and errors: `toolledger.OperatorError` with a `code`), so a test that passes with it passes
+    over the API.
+
+    ```
+    async with await Ledger.memory() as ledger, Operator(ledger) as olivia:
+        ...  # a run pauses on key "t1:c1"
+        await olivia.resolve("t1:c1", outcome="completed", value={...}, reason="found it")
+    ```
+
+    - On the memory ledger it signs with the ledger's `embedded_signing_key` (the key its
+      projector verifies); give `signing_key=` to sign with another one the ledger knows.
+    - On Kafka + PostgreSQL (`Ledger.connect(...)`, `Ledger.from_stack(...)`, or a
+      `LedgerStack`) it needs `signing_key=`: a private key whose public half the projectors
+      verify (`TOOLLEDGER_VERIFY_KEYS`), as the API's `TOOLLEDGER_SIGNING_KEYS` would be.
+    - `tenant_id` limits what it sees, as an API token does (None: every tenant, as the CLI).
+    - `tools` lets it run compensations (`compensate`), as the API's `--tools` does.
+    """
+
+    def __init__(
+        self,
+        ledger: Ledger | LedgerStack,
+        *,
+        signing_key: SigningKey | None = None,
+        tenant_id: str | None = None,
+        name: str = "test-operator",
+        tools: Iterable[Tool[Any, Any]] = (),
+        verdict_timeout: float = 10.0,
+    ) -> None:
+        from toolledger.api.compensation import RuntimeCompensator
+        from toolledger.api.service import Operator as Who
+        from toolledger.api.service import OperatorService
+        from toolledger.wiring.stack_port import StackPort
+
+        stack = ledger.stack if isinstance(ledger, Ledger) else ledger
+        if signing_key is None and isinstance(ledger, Ledger):
+            signing_key = ledger.embedded_signing_key
+        if signing_key is None:
+            raise ValueError(
+                "Operator needs signing_key= on a ledger that keeps no key (Kafka + PostgreSQL): "
+                "a private key whose public half the projectors verify (TOOLLEDGER_VERIFY_KEYS); "
+                "`toolledger dev up` prints the dev stack's"
+            )
+        by_name = {tool.name: tool for tool in tools}
+        self._compensator = (
+            RuntimeCompensator(StackPort(stack), by_name, verdict_timeout=verdict_timeout)
+            if by_name
+            else None
+        )
+        self.service = OperatorService(
+            stack.store,
+            stack.commands,
+            signing_keys=(signing_key,),
+            verdict_timeout=verdict_timeout,
+            compensator=self._compensator,
+        )
+        self.who = Who(tenant_id, name)
+
+    async def __aenter__(self) -> Operator:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Let a compensation's last appends land (nothing else to close: the ledger is yours)."""
+        if self._compensator is not None:
+            await self._compensator.close()
+
+    async def get(self, key: str) -> CallRecord:
+        """The call's record as the API shows it (`OperatorError` `not_found` if not visible)."""
+        return await self.service.get(self.who, key)
+
+    async def resolve(
+        self,
+        key: str,
+        *,
+        outcome: Literal["completed", "failed"],
+        reason: str,
+        value: Any = None,
+        expected_version: int | None = None,
+    ) -> CallRecord:
+        """Settle an unknown call as `completed` (with the `value` the tool returned) or
+        `failed`; the settled record."""
+        return await self.service.resolve(
+            self.who,
+            key,
+            outcome=outcome,
+            reason=reason,
+            value=value,
+            expected_version=expected_version,
+        )
+
+    async def approve(self, key: str, *, reason: str) -> CallRecord:
+        """Let a call awaiting approval run (its run then makes it, once)."""
+        return await self.service.approve(self.who, key, reason=reason)
+
+    async def reject(self, key: str, *, reason: str) -> CallRecord:
+        """Refuse a call awaiting approval: failed, never attempted; the model hears `reason`."""
+        return await self.service.reject(self.who, key, reason=reason)
+
+    async def compensate(self, key: str, *, reason: str) -> Compensation:
+        """Undo a completed call by running its tool's compensation once (`<key>:compensate`);
+        needs the tool in `tools=`."""
+        return await self.service.compensate(self.who, key, reason=reason)

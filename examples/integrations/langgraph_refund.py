@@ -55,7 +55,7 @@ class Penny(BaseChatModel):
 
 
 async def main() -> None:
-    async with embedded_ledger() as (ledger, api):
+    async with embedded_ledger() as (ledger, olivia):
         tools = LangGraphTools(ledger, penny, tenant_id=TENANT)
         model = Penny().bind_tools(tools.tools)
 
@@ -75,7 +75,7 @@ async def main() -> None:
         out = await app.ainvoke(start, config)
         paused = out["__interrupt__"][0].value
         print(f"paused: {paused['key']} {paused['toolledger']} (the model heard nothing)")
-        await operator_settles(api, paused["key"])
+        await operator_settles(olivia, paused["key"])
         resume: Command[Any] = Command(resume=True)
         out = await app.ainvoke(resume, config)
         report(out["messages"][-1].content)

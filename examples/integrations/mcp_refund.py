@@ -1,7 +1,7 @@
 """Penny the refund bot as an MCP client: refunds served over MCP, each made once.
 
 Run it: `python -m examples.integrations.mcp_refund` (offline: the embedded ledger, an
-in-process MCP client, the operator API in-process too).
+in-process MCP client, an in-process operator: `toolledger.testing.Operator`).
 
 1. Penny asks the server for a refund, and crashes before noting the answer. After her restart
    she sends the same call again, with the same key in `_meta`: the server returns the
@@ -9,7 +9,7 @@ in-process MCP client, the operator API in-process too).
 2. The provider pays the second refund, then hangs. The server answers "unknown: do not
    retry", not an error to try again. Penny's model repeats the refund as a new tool call
    anyway: the duplicate-intent guard holds it. An operator finds the payout and resolves the
-   call over the HTTP API; the same key then returns it.
+   call (signed as the API signs); the same key then returns it.
 
 One payout per customer, whatever Penny does.
 """
@@ -20,17 +20,14 @@ import asyncio
 import itertools
 import sys
 from dataclasses import dataclass, field
-from datetime import timedelta
 
-import httpx
 import mcp.types as types
 from mcp import Client
 from pydantic import BaseModel
 
-from toolledger import Ledger, OperatorSettings, SigningKey, ToolContext, Toolset, external
-from toolledger.api import create_app
-from toolledger.api.tokens import MemoryTokens
+from toolledger import Ledger, SigningKey, ToolContext, Toolset, external
 from toolledger.integrations.mcp import LedgerMCPServer, call_tool_keyed
+from toolledger.testing import Operator
 
 RUN = "penny-run"
 SIGNING = SigningKey.generate("ops-1")
@@ -80,9 +77,7 @@ def said(result: types.CallToolResult) -> str:
 async def main() -> int:
     async with await Ledger.memory(SIGNING) as ledger:
         server = LedgerMCPServer(ledger, penny, tenant_id="penny-shop")
-        tokens = MemoryTokens()
-        api = create_app(ledger.stack, OperatorSettings(signing_keys=(SIGNING,)), tokens=tokens)
-        bearer = (await tokens.create("penny-shop", "olga", "operator", timedelta(hours=1))).token
+        olga = Operator(ledger, tenant_id="penny-shop", name="olga")
         name = server.names.model_name("penny.pay_refund")
 
         async def refund(call_id: str, customer: str) -> types.CallToolResult:
@@ -100,21 +95,13 @@ async def main() -> int:
         print("   the model repeats the refund as a new tool call, refund-3")
         print(f"   {name} (call refund-3) -> {said(await refund('refund-3', 'cust-2'))}")
         found = next(p for p in payouts.made if p.customer_id == "cust-2")
-        transport = httpx.ASGITransport(app=api)
-        headers = {"Authorization": f"Bearer {bearer}"}
-        async with httpx.AsyncClient(
-            transport=transport, base_url="http://api", headers=headers
-        ) as ops:
-            response = await ops.post(
-                f"/v1/tool-executions/{RUN}:refund-2/resolve",
-                json={
-                    "outcome": "completed",
-                    "reason": f"payout {found.payout_id} found in the provider's dashboard",
-                    "value": found.model_dump(),
-                    "result_reference": found.payout_id,
-                },
-            )
-        print(f"   operator: POST .../{RUN}:refund-2/resolve -> {response.status_code}")
+        settled = await olga.resolve(
+            f"{RUN}:refund-2",
+            outcome="completed",
+            reason=f"payout {found.payout_id} found in the provider's dashboard",
+            value=found.model_dump(),
+        )
+        print(f"   operator: resolved {RUN}:refund-2 -> {settled.status}")
         print(f"   {name} (call refund-2) -> {said(await refund('refund-2', 'cust-2'))}")
         print(f"   {name} (call refund-3) -> {said(await refund('refund-3', 'cust-2'))}")
 

@@ -56,7 +56,7 @@ class Penny(Model):
 
 async def main() -> None:
     offline = RunConfig(tracing_disabled=True)
-    async with embedded_ledger() as (ledger, api):
+    async with embedded_ledger() as (ledger, olivia):
         tools = OpenAIAgentsTools(ledger, penny, tenant_id=TENANT)
         agent = Agent(name="penny", instructions="Refund orders.", tools=tools.tools, model=Penny())
         result = await Runner.run(agent, PROMPT, context={"run_id": "order-7"}, run_config=offline)
@@ -64,7 +64,7 @@ async def main() -> None:
         assert paused is not None
         saved = paused.state_json  # what a real application writes to its database
         print(f"paused: {paused.keys[0]} {paused.pauses[0].reason} (the model heard nothing)")
-        await operator_settles(api, paused.keys[0])
+        await operator_settles(olivia, paused.keys[0])
         state = await tools.resume(agent, saved)
         result = await Runner.run(agent, state, run_config=offline)
         report(str(result.final_output))

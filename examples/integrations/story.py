@@ -1,11 +1,13 @@
 """What the three framework examples share: Penny's refund tool, a flaky payments provider,
-and an operator who settles the unknown refund over the HTTP API.
+and an operator who settles the unknown refund (`toolledger.testing.Operator`: the operator API's
+own signed decision, in process).
 
 The provider pays the refund and then stops answering, so the refund times out: nobody knows
 whether it was paid. Left to the framework, the model would hear "An error occurred... Please
 try again" and refund again. With toolledger the run pauses instead; the operator looks the
-payout up by the call's idempotency key (the provider stores it), resolves the call over the
-API, and the resumed run tells the customer the truth. One payout.
+payout up by the call's idempotency key (the provider stores it), resolves the call (in
+production: `toolledger executions resolve`, the console or the API), and the resumed run
+tells the customer the truth. One payout.
 """
 
 from __future__ import annotations
@@ -15,15 +17,11 @@ import itertools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from datetime import timedelta
-from urllib.parse import quote
 
-import httpx
 from pydantic import BaseModel
 
-from toolledger import Ledger, OperatorSettings, SigningKey, ToolContext, Toolset, external
-from toolledger.api import create_app
-from toolledger.api.tokens import MemoryTokens
+from toolledger import Ledger, ToolContext, Toolset, external
+from toolledger.testing import Operator
 
 TENANT = "acme"
 PROMPT = "Hi, I'm cus_42. Order 7 arrived broken, please refund the 25.00."
@@ -70,34 +68,23 @@ async def refund(customer_id: str, amount_cents: int, context: ToolContext) -> P
 
 
 @asynccontextmanager
-async def embedded_ledger() -> AsyncIterator[tuple[Ledger, httpx.AsyncClient]]:
-    """The embedded ledger, and an operator's client of its HTTP API (served in-process)."""
-    key = SigningKey.generate("example")
-    async with await Ledger.memory(key) as ledger:
-        tokens = MemoryTokens()
-        token = (await tokens.create(TENANT, "olivia", "operator", timedelta(hours=1))).token
-        app = create_app(ledger.stack, OperatorSettings(signing_keys=(key,)), tokens=tokens)
-        async with httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=app),
-            base_url="http://api",
-            headers={"Authorization": f"Bearer {token}"},
-        ) as api:
-            yield ledger, api
+async def embedded_ledger() -> AsyncIterator[tuple[Ledger, Operator]]:
+    """The embedded ledger, and Olivia, an operator who decides in process (signed as the API
+    signs, with the key the embedded ledger's projector verifies)."""
+    async with await Ledger.memory() as ledger:
+        yield ledger, Operator(ledger, tenant_id=TENANT, name="olivia")
 
 
-async def operator_settles(api: httpx.AsyncClient, key: str) -> None:
+async def operator_settles(olivia: Operator, key: str) -> None:
     """Olivia finds the payout under the key in the provider's dashboard and resolves the call."""
     payout = payments.made[key]
-    response = await api.post(
-        f"/v1/tool-executions/{quote(key, safe='')}/resolve",
-        json={
-            "outcome": "completed",
-            "reason": f"payout {payout.payout_id} found under the key",
-            "value": payout.model_dump(),
-        },
+    record = await olivia.resolve(
+        key,
+        outcome="completed",
+        reason=f"payout {payout.payout_id} found under the key",
+        value=payout.model_dump(),
     )
-    response.raise_for_status()
-    print(f"operator: POST .../{key}/resolve -> {response.status_code}")
+    print(f"operator: resolved {key} -> {record.status}")
 
 
 def report(answer: str) -> None:

@@ -25,6 +25,7 @@ from tests.fake_billing import FakeBilling, billing, use_service
 from toolledger import Ledger, ToolCallError
 from toolledger.events.log import Position
 from toolledger.events.models import Event
+from toolledger.events.records import Verdict
 
 _OUTCOMES = {"call_completed", "call_failed", "call_indeterminate"}
 
@@ -41,13 +42,37 @@ async def _crash(ledger: Ledger, args: argparse.Namespace) -> None:
     """Run the call, and freeze where its outcome would be appended."""
     append = ledger.stack.commands.append
 
-    async def frozen_append(event: Event, timeout: float) -> Position:
+    async def freeze_before_outcome(event: Event) -> None:
         if event.type in _OUTCOMES:
             _touch(args.ready, event.key)
             await asyncio.Event().wait()  # the test SIGKILLs this process here
+
+    async def frozen_append(event: Event, timeout: float) -> Position:
+        await freeze_before_outcome(event)
         return await append(event, timeout)
 
     ledger.stack.commands.append = frozen_append  # type: ignore[method-assign]
+    # On the leader fast path an outcome never reaches the commands: freeze the port too.
+    port = ledger.port
+    port_append, port_append_and_await = port.append, port.append_and_await
+
+    async def frozen_port_append(event: Event, timeout: float) -> None:
+        await freeze_before_outcome(event)
+        await port_append(event, timeout)
+
+    async def frozen_port_append_and_await(event: Event, timeout: float) -> Verdict:
+        await freeze_before_outcome(event)
+        return await port_append_and_await(event, timeout)
+
+    port_until_landed = port.append_until_landed
+
+    async def frozen_until_landed(event: Event, *, each: float, pause: float) -> None:
+        await freeze_before_outcome(event)
+        await port_until_landed(event, each=each, pause=pause)
+
+    port.append_until_landed = frozen_until_landed  # type: ignore[method-assign]
+    port.append = frozen_port_append  # type: ignore[method-assign]
+    port.append_and_await = frozen_port_append_and_await  # type: ignore[method-assign]
     await _call(ledger, args)
 
 

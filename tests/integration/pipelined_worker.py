@@ -33,6 +33,7 @@ from toolledger import Ledger, ToolCallError
 from toolledger.events.log import Position
 from toolledger.events.models import Event
 from toolledger.events.records import Verdict
+from toolledger.settings import load_settings
 
 ARGS = {"account_id": "acct-1", "amount_cents": 2500}
 _OUTCOMES = {"call_completed", "call_failed", "call_indeterminate"}
@@ -110,7 +111,10 @@ async def main(argv: list[str]) -> None:
     parser.add_argument("--call", default="c1")
     args = parser.parse_args(argv)
     use_service(FakeBilling(Path(args.service)))
-    async with await Ledger.connect() as ledger:
+    # Its kill points are the direct path's (the commands' append, the waiter's wait): the
+    # leader fast path answers without either, so this worker stays on the direct path.
+    settings = load_settings(leader="off")
+    async with await Ledger.connect(settings) as ledger:
         if args.mode == "race":
             await _race(ledger, args)
         else:

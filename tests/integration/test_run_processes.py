@@ -16,6 +16,7 @@ import pytest
 
 from tests import builders as b
 from tests.fake_billing import FakeBilling, use_service
+from tests.integration.procs import until
 from tests.isolated import Isolated, child_env, running_ledger
 from tests.run_tools import ARGS, ScriptedModel, runs_billing
 from toolledger import Ledger
@@ -82,8 +83,12 @@ async def test_a_run_sigkilled_mid_step_recovers_on_another_process_without_reru
             proc.kill()
         await asyncio.wait_for(proc.wait(), 10)
     assert proc.returncode == -signal.SIGKILL
-    record = await ledger.read_call("r1:c1")
-    assert record is not None and record.status == "started"
+    # The worker's reservation verdict may have come from the leader's memory, before the
+    # projection committed it (the leader fast path): this process reads it once committed.
+    record = await until(
+        lambda: ledger.read_call("r1:c1"), timeout=10, what="the killed worker's reservation"
+    )
+    assert record.status == "started"
     model = ScriptedModel(FinalAnswer("charged once"))
     run = AgentRun(
         ledger, run_id="r1", tenant_id="acme", agent=_agent(), tools=runs_billing, model=model

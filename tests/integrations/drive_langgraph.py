@@ -96,5 +96,26 @@ def _step(out: dict[str, Any]) -> Step:
     interrupts = out.get("__interrupt__") or []
     if interrupts:
         values = [i.value for i in interrupts]
-        return Step(None, [v["waiting_on"] for v in values], [v["toolledger"] for v in values])
+        return Step(
+            None,
+            [v["waiting_on"] for v in values],
+            [v["toolledger"] for v in values],
+            [v["detail"] for v in values],
+        )
     return Step(str(out["messages"][-1].content))
+
+
+class LangChainAgentDriver(LangGraphDriver):
+    """LangChain's `create_agent` with the ledger's middleware, on the same checkpointer."""
+
+    framework = "langchain_agent"
+
+    def _graph(self) -> Any:
+        from langchain.agents import create_agent
+
+        return create_agent(
+            ScriptedChatModel(driver=self),
+            tools=[*self.tools.tools, *self.extra_tools],
+            middleware=[self.tools.middleware()],
+            checkpointer=self.saver,
+        )

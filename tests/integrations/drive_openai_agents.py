@@ -67,7 +67,13 @@ class OpenAIAgentsDriver(Driver):
         if paused is None:
             return Step(str(result.final_output))
         self._save(thread, {"state": paused.state_json})
-        return Step(None, [p.waiting_on for p in paused.pauses], [p.reason for p in paused.pauses])
+        pauses = paused.pauses
+        return Step(
+            None,
+            [p.waiting_on for p in pauses],
+            [p.reason for p in pauses],
+            [p.detail for p in pauses],
+        )
 
     async def start(self, thread: str) -> Step:
         result = await Runner.run(

@@ -106,4 +106,9 @@ def _requests(requests: DeferredToolRequests) -> Any:
 
 def _waits(requests: DeferredToolRequests) -> Step:
     metadata = [requests.metadata[p.tool_call_id] for p in [*requests.calls, *requests.approvals]]
-    return Step(None, [m["waiting_on"] for m in metadata], [m["toolledger"] for m in metadata])
+    return Step(
+        None,
+        [m["waiting_on"] for m in metadata],
+        [m["toolledger"] for m in metadata],
+        [m["detail"] for m in metadata],
+    )

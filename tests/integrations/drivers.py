@@ -1,8 +1,9 @@
-"""One driver per framework, so each scenario is written once and run against all three.
+"""One driver per framework, so each scenario is written once and run against all of them.
 
 A driver runs the refund story on its framework with the framework's own offline model (a
-LangChain chat model, a PydanticAI `FunctionModel`, an `agents` `Model`): the model calls one
-billing tool (call id `c1`), and answers with what it heard. `start()` runs until the run ends
+LangChain chat model in a LangGraph graph or in LangChain's `create_agent`, a PydanticAI
+`FunctionModel`, an `agents` `Model`): the model calls one billing tool (call id `c1`), and
+answers with what it heard. `start()` runs until the run ends
 or pauses, `resume()` carries on from the framework's own persistence (a LangGraph
 checkpointer, a PydanticAI message history, an OpenAI `RunState` JSON), kept in `store` (a
 directory, so a new process can resume) or in memory. `heard` is every tool result any model
@@ -23,7 +24,7 @@ from tests.integrations.tools import ARGS, billing
 from toolledger import Ledger
 from toolledger.integrations import AdapterOptions
 
-FRAMEWORKS = ("langgraph", "pydantic_ai", "openai_agents")
+FRAMEWORKS = ("langgraph", "langchain_agent", "pydantic_ai", "openai_agents")
 PROMPT = "Please refund order 7 (25.00 to acct-7)."
 
 
@@ -34,6 +35,8 @@ class Step:
     answer: str | None = None
     paused: list[str] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
+    #: What the adapter told people about each pause (the command that settles it).
+    details: list[str] = field(default_factory=list)
 
 
 class Driver(ABC):
@@ -94,6 +97,10 @@ def driver(framework: str, ledger: Ledger, **kwargs: Any) -> Driver:
         from tests.integrations.drive_langgraph import LangGraphDriver
 
         return LangGraphDriver(ledger, **kwargs)
+    if framework == "langchain_agent":
+        from tests.integrations.drive_langgraph import LangChainAgentDriver
+
+        return LangChainAgentDriver(ledger, **kwargs)
     if framework == "pydantic_ai":
         from tests.integrations.drive_pydantic_ai import PydanticAIDriver
 

@@ -13,12 +13,9 @@ from __future__ import annotations
 import json
 import signal
 from collections.abc import AsyncIterator, Iterator
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
-import httpx
 import pytest
 
 from tests import api_support as s
@@ -26,8 +23,7 @@ from tests.api_support import OneProcessSettings as Settings
 from tests.fake_billing import FakeBilling
 from tests.integration.procs import Proc, Procs, toolledger_env, until
 from tests.isolated import Isolated, running_stack
-from toolledger.api import create_app
-from toolledger.api.tokens import MemoryTokens
+from toolledger.testing import Operator
 from toolledger.wiring.stack import LedgerStack
 
 
@@ -133,20 +129,13 @@ async def test_two_processes_resuming_one_thread_make_one_effect(
     assert (workers.billing.requests(), workers.billing.effects()) == (1, 1)
 
 
+def operator(stack: LedgerStack) -> Operator:
+    """An operator in process, signed with the key the projectors verify."""
+    return Operator(stack, signing_key=s.SIGNING_KEY, tenant_id="acme", name="alice")
+
+
 async def approve(stack: LedgerStack, settings: Settings, key: str) -> None:
-    """An operator approves `key` over the HTTP API."""
-    tokens = MemoryTokens()
-    token = (await tokens.create("acme", "alice", "operator", timedelta(hours=1))).token
-    app = create_app(stack, settings, tokens=tokens)
-    async with httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app),
-        base_url="http://api",
-        headers={"Authorization": f"Bearer {token}"},
-    ) as api:
-        response = await api.post(
-            f"/v1/tool-executions/{quote(key, safe='')}/approve", json={"reason": "looks right"}
-        )
-        assert response.status_code == 200, response.text
+    await operator(stack).approve(key, reason="looks right")
 
 
 async def test_openai_agents_killed_after_an_approved_refund_resumes_from_its_run_state(
@@ -175,3 +164,69 @@ async def test_openai_agents_killed_after_an_approved_refund_resumes_from_its_ru
     credit = await workers.billing.find_credit("t1:c1")
     assert credit is not None and credit.credit_id in result["step"]["answer"]
     assert (workers.billing.requests(), workers.billing.effects()) == (1, 1)
+
+
+ERROR_TEXTS = ("Please try again", "Please fix your mistakes", "An error occurred", "Error:")
+
+
+@pytest.mark.parametrize(
+    "framework", ["langgraph", "langchain_agent", "pydantic_ai", "openai_agents"]
+)
+@pytest.mark.parametrize("wait", ["unknown", "approval"])
+async def test_the_resumer_resumes_a_paused_framework_run_in_its_own_process(
+    framework: str,
+    wait: str,
+    settings: Settings,
+    stack: LedgerStack,
+    procs: Procs,
+    tmp_path: Path,
+) -> None:
+    """A framework run paused in one process (an unknown credit, or a refund awaiting
+    approval) must go on by itself once an operator settles the call: `toolledger resumer`
+    sees the run's recorded pause end and calls the documented hook, which resumes the run in
+    the resumer's process. The model hears the truth and the billing system sees one effect."""
+    workers = Workers(procs, settings, tmp_path, framework)
+    tool = "billing__issue_credit_unreconciled" if wait == "unknown" else "billing__refund_large"
+    behaviour = {"TEST_CREDIT_BEHAVIOUR": "effect_then_timeout"} if wait == "unknown" else {}
+    resumer = procs.python(
+        "resumer",
+        "toolledger",
+        "resumer",
+        "--app",
+        "tests.integrations.resume_hook:resume",
+        env={
+            **workers.env,
+            "TEST_FRAMEWORK": framework,
+            "TEST_STORE": str(workers.store),
+            "TEST_TOOL": tool,
+            "BILLING_DB": str(tmp_path / "billing.db"),
+        },
+    )
+    paused = await workers.finished(workers.start("start", "start", tool, **behaviour))
+    assert paused["step"]["paused"] == ["t1:c1"] and paused["heard"] == []
+    run = await stack.store.get_run("t1")
+    reason = "awaiting_reconciliation" if wait == "unknown" else "awaiting_approval"
+    assert run is not None and (run.status, run.waiting_on) == (reason, "t1:c1")
+    olivia = operator(stack)
+    if wait == "unknown":
+        credit = await workers.billing.find_credit("t1:c1")
+        assert credit is not None, "the timed-out credit took effect"
+        await olivia.resolve(
+            "t1:c1", outcome="completed", value=credit.model_dump(), reason="in billing"
+        )
+    else:
+        await olivia.approve("t1:c1", reason="the customer is right")
+    log = workers.store / "resumed.jsonl"
+
+    def resumed() -> bool:
+        assert resumer.returncode is None, resumer.output()
+        return log.exists() and log.read_text().endswith("\n")
+
+    await until(resumed, timeout=60, what="the resumer's hook to resume t1")
+    (line,) = [json.loads(text) for text in log.read_text().splitlines()]
+    credit = await workers.billing.find_credit("t1:c1")
+    assert credit is not None and credit.credit_id in line["step"]["answer"]
+    assert not any(t in told for told in line["heard"] for t in ERROR_TEXTS), line["heard"]
+    assert (workers.billing.requests(), workers.billing.effects()) == (1, 1)
+    run = await stack.store.get_run("t1")
+    assert run is not None and (run.status, run.waiting_on) == ("running", None)

@@ -3,13 +3,14 @@
 Every scenario runs on LangGraph, PydanticAI and the OpenAI Agents SDK (real frameworks, their
 offline models; see `drivers.py`), on the memory ledger and on Kafka + PostgreSQL. The fake
 billing system, which honours idempotency keys and counts requests and effects, is the judge;
-operators act over the real HTTP API.
+operators act over the real HTTP API, or in process with `toolledger.testing.Operator`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -28,8 +29,9 @@ from tests.integrations.drivers import FRAMEWORKS, Driver, driver
 from toolledger import Ledger, OperatorSettings
 from toolledger.api import create_app
 from toolledger.api.tokens import MemoryTokens
-from toolledger.events.records import CallRecord
+from toolledger.events.records import CallRecord, RunRecord
 from toolledger.integrations import AdapterOptions
+from toolledger.testing import Operator
 from toolledger.wiring.stack import LedgerStack
 
 #: What the frameworks tell a model when a tool raises; none of it may reach our models.
@@ -42,6 +44,33 @@ class H:
     billing: FakeBilling
     api: httpx.AsyncClient
     framework: str
+    bearer: str
+
+    @property
+    def olivia(self) -> Operator:
+        """An operator in process, signed with the key the projector verifies."""
+        return Operator(self.ledger, signing_key=s.SIGNING_KEY, tenant_id="acme", name="olivia")
+
+    async def run(self, run_id: str = "t1") -> RunRecord:
+        run = await self.ledger.read_run(run_id)
+        assert run is not None, f"the ledger has no run {run_id}"
+        return run
+
+    async def console_run_state(self, key: str) -> str:
+        """The run's state as the console's detail page of `key` shows it, as plain text."""
+        page = await self.api.get("/console/signin")
+        csrf = re.search(r'name="csrf_token" value="([^"]+)"', page.text)
+        assert csrf is not None
+        signed = await self.api.post(
+            "/console/signin", data={"csrf_token": csrf.group(1), "token": self.bearer}
+        )
+        assert signed.status_code == 303, signed.text
+        detail = await self.api.get("/console/call", params={"key": key})
+        assert detail.status_code == 200, detail.text
+        rows = re.findall(
+            r'<tr><th scope="row">(State|Waiting on)</th><td[^>]*>(.*?)</td>', detail.text
+        )
+        return "; ".join(f"{name}: {re.sub(r'<[^>]+>', '', value)}" for name, value in rows)
 
     def driver(self, **kwargs: Any) -> Driver:
         return driver(self.framework, self.ledger, **kwargs)
@@ -171,6 +200,65 @@ class FrameworkScenarios:
         assert record.status == "completed"
         assert (h.billing.requests(), h.billing.effects()) == (1, 1)
 
+    async def test_a_resume_before_the_decision_still_reports_awaiting_approval(self, h: H) -> None:
+        """Resuming an approval nobody decided yet must say it awaits approval and advise
+        approve/reject; the OpenAI adapter said `awaiting_reconciliation` and advised
+        `executions resolve`, which the ledger then refused (`status_mismatch`)."""
+        first = h.driver(tool="billing__refund_large")
+        await first.start("t1")
+        elsewhere = h.driver(tool="billing__refund_large")  # a new process, same saved state
+        share(first, elsewhere)
+        for run in (first, elsewhere):
+            still = await run.resume("t1")
+            assert (still.paused, still.reasons) == (["t1:c1"], ["awaiting_approval"])
+            assert "executions approve t1:c1" in still.details[0], still.details
+            assert "resolve" not in still.details[0], still.details
+        assert h.billing.requests() == 0 and first.heard == elsewhere.heard == []
+
+    async def test_an_unknown_call_is_the_runs_pause_until_an_operator_settles_it(
+        self, h: H
+    ) -> None:
+        """A framework run paused on an unknown call must say so in the ledger (its record said
+        `running`, `waiting_on=None`, so the console showed it running and the resumer never
+        fired), and say it goes on once it does."""
+        tools.behaviour["credit"] = "effect_then_timeout"
+        run = h.driver(tool="billing__issue_credit_unreconciled")
+        await run.start("t1")
+        paused = await h.run()
+        assert (paused.status, paused.waiting_on) == ("awaiting_reconciliation", "t1:c1")
+        shown = await h.console_run_state("t1:c1")
+        assert "awaiting reconciliation" in shown and "Waiting on: t1:c1" in shown, shown
+        tools.behaviour["credit"] = "ok"
+        await run.resume("t1")  # still unknown: it pauses again, and the record stays paused
+        assert (await h.run()).status == "awaiting_reconciliation"
+        credit = await h.billing.find_credit("t1:c1")
+        assert credit is not None
+        await h.olivia.resolve(
+            "t1:c1", outcome="completed", value=credit.model_dump(), reason="in the console"
+        )
+        done = await run.resume("t1")
+        assert done.answer is not None and credit.credit_id in done.answer
+        assert no_error_text(run.heard)
+        going = await h.run()
+        assert (going.status, going.waiting_on) == ("running", None)
+        assert (h.billing.requests(), h.billing.effects()) == (1, 1)
+
+    async def test_an_approval_is_the_runs_pause_until_an_operator_decides_it(self, h: H) -> None:
+        """A run waiting for an approval must be recorded `awaiting_approval` on that call, and
+        going on once an operator approved it; the refund then runs once."""
+        run = h.driver(tool="billing__refund_large")
+        await run.start("t1")
+        paused = await h.run()
+        assert (paused.status, paused.waiting_on) == ("awaiting_approval", "t1:c1")
+        assert "awaiting approval" in await h.console_run_state("t1:c1")
+        await h.olivia.approve("t1:c1", reason="the customer is right")
+        done = await run.resume("t1")
+        credit = await h.billing.find_credit("t1:c1")
+        assert credit is not None and done.answer is not None
+        assert credit.credit_id in done.answer
+        assert (await h.run()).status == "running"
+        assert (h.billing.requests(), h.billing.effects()) == (1, 1)
+
     async def test_a_rejected_call_never_runs_and_the_model_hears_why(self, h: H) -> None:
         run = h.driver(tool="billing__refund_large")
         await run.start("t1")
@@ -210,15 +298,11 @@ def framework(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-async def _api(stack: LedgerStack, settings: OperatorSettings) -> httpx.AsyncClient:
+async def _api(stack: LedgerStack, settings: OperatorSettings) -> tuple[httpx.AsyncClient, str]:
     tokens = MemoryTokens()
     token = (await tokens.create("acme", "alice", "operator", timedelta(hours=1))).token
     app = create_app(stack, settings, tokens=tokens)
-    return httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app),
-        base_url="http://api",
-        headers={"Authorization": f"Bearer {token}"},
-    )
+    return s.client(app, token), token
 
 
 class TestMemoryLedger(FrameworkScenarios):
@@ -227,8 +311,9 @@ class TestMemoryLedger(FrameworkScenarios):
         billing = use_service(FakeBilling(tmp_path / "billing.db"))
         ledger = await Ledger.memory(s.SIGNING_KEY, verdict_timeout=5)
         settings = s.api_settings()
-        async with await _api(ledger.stack, settings) as api:
-            yield H(ledger, billing, api, framework)
+        api, bearer = await _api(ledger.stack, settings)
+        async with api:
+            yield H(ledger, billing, api, framework, bearer)
         await ledger.close()
 
 
@@ -253,8 +338,9 @@ class TestKafkaPostgresLedger(FrameworkScenarios):
         )
         stack = await LedgerStack.connect(settings, run_projector=True)
         ledger = Ledger.from_stack(stack, verdict_timeout=5)
-        async with await _api(stack, settings) as api:
-            yield H(ledger, billing, api, framework)
+        api, bearer = await _api(stack, settings)
+        async with api:
+            yield H(ledger, billing, api, framework, bearer)
         await ledger.close()
         await stack.close()
 

@@ -30,7 +30,7 @@ def test_the_mcp_refund_example_pays_each_customer_once() -> None:
         "(call refund-2) -> indeterminate: The outcome of penny__pay_refund is unknown" in lines[3]
     )
     assert "(call refund-3) -> held" in lines[5]
-    assert "operator: POST .../penny-run:refund-2/resolve -> 200" in lines
+    assert "operator: resolved penny-run:refund-2 -> completed" in lines
     assert '(call refund-2) -> completed: {"amount_cents":2500' in lines[7]
     assert "(call refund-3) -> completed: This repeats the call penny-run:refund-2" in lines[8]
     assert lines[-1] == "payouts made: 2 ({'cust-1': 1, 'cust-2': 1})"

@@ -123,6 +123,8 @@ DOCUMENTED_MODULES = {
         "Answer",
         "CallKey",
         "Pause",
+        "RunPauses",
+        "RunStillPaused",
         "ToolNames",
         "call_key_for",
         "decode_run_id",
@@ -132,14 +134,14 @@ DOCUMENTED_MODULES = {
     ],
     "toolledger.integrations.langgraph": ["LangGraphTools", "THREAD_ID_SOURCE"],
     "toolledger.integrations.openai_agents": ["OpenAIAgentsTools", "PausedRun", "RUN_ID_SOURCE"],
-    "toolledger.integrations.pydantic_ai": ["CONVERSATION_SOURCE", "LedgerToolset"],
+    "toolledger.integrations.pydantic_ai": ["CONVERSATION_SOURCE", "LedgerToolset", "PausedRun"],
     "toolledger.integrations.mcp": [
         "KeyMetaError",
         "LedgerMCPServer",
         "call_tool_keyed",
         "meta_for",
     ],
-    "toolledger.testing": ["assert_tool_contract", "fake_tool_context"],
+    "toolledger.testing": ["Operator", "assert_tool_contract", "fake_tool_context"],
     "toolledger.subscribe": ["Fact", "FactFilter", "requests", "subscribe", "subscribe_group"],
 }
 
@@ -150,6 +152,7 @@ RUNTIME_FROZEN = [
     "CallPolicy",
     "CallQuery",
     "CallRecord",
+    "FrameworkRuns",
     "Heard",
     "HeardHow",
     "HeardStatus",

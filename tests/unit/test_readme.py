@@ -1,5 +1,8 @@
 """The README's code runs as written: a newcomer's first program must not fail on line one.
 
+So does the code of the framework pages (docs/integrations/*.md): the LangGraph page's
+"complete program" once used an undefined `chat_model`, `saver` and `Command`.
+
 Every ```python block runs in a fresh interpreter from the repository root, unless the line
 before it is an HTML comment `<!-- not run: why -->` (a block that needs services, or a
 fragment). Shell blocks are not run (they start servers), but every `toolledger ...` command
@@ -22,13 +25,19 @@ from toolledger.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs" / "integrations").glob("*.md"))]
 _BLOCK = re.compile(
     r"(?:^<!-- (?P<mark>[^>]*) -->\n)?^```(?P<lang>\w*)\n(?P<body>.*?)^```$", re.M | re.S
 )
 
 
 def _blocks(lang: str) -> list[tuple[str | None, str]]:
-    return [(m["mark"], m["body"]) for m in _BLOCK.finditer(README) if m["lang"] == lang]
+    return [
+        (m["mark"], m["body"])
+        for page in PAGES
+        for m in _BLOCK.finditer(page.read_text())
+        if m["lang"] == lang
+    ]
 
 
 def _runnable_python() -> list[str]:

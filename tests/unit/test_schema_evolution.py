@@ -4,10 +4,11 @@ The general test walks whatever `.avsc` files are on disk and checks fastavro's 
 the Avro specification's rules, written out here (`_resolved`): a field the writer lacks takes the
 reader's default, a symbol the reader lacks takes the enum's default. Released today: v1 of every
 type, CallReserved.v2 (the `warning` field), CallReserved.v3 (`arguments_blob`, `traceparent`,
-`tracestate`) and v2 of CallCompleted, CallResolved and RunCheckpointed (`result_blob`,
-`value_blob`, `state_blob`). `schemas_fixture/` holds copies of the released CallReserved
-versions and a test-only, unreleased CallReserved.v4 (a new field with a default, a new effect
-symbol), to prove the machinery catches what it claims.
+`tracestate`), v2 of CallCompleted, CallResolved and RunCheckpointed (`result_blob`,
+`value_blob`, `state_blob`), and v2 of RunPaused and RunResumed (`expected_version` may be
+null: a run its framework drives has no checkpoints). `schemas_fixture/` holds copies of the
+released CallReserved versions and a test-only, unreleased CallReserved.v4 (a new field with a
+default, a new effect symbol), to prove the machinery catches what it claims.
 """
 
 from __future__ import annotations

@@ -80,7 +80,9 @@ def compensation_tool(tool: Tool[Any, Any], record: CallRecord) -> Tool[Any, Any
     compensating = Tool(
         compensate,
         name=tool.name + COMPENSATE_SUFFIX,
-        effect=replace(tool.effect, approval=False, attempts=1, pipelined=False),
+        effect=replace(
+            tool.effect, approval=False, attempts=1, pipelined=False, replays_key_for=None
+        ),
         reconcile=None,
         compensation=None,
         timeout=tool.timeout,

@@ -59,7 +59,6 @@ from toolledger.events.signing import SigningKey, sign
 from toolledger.projections.store import LedgerStore, StatusCounts
 from toolledger.runtime.port import CallQuery, LedgerUnavailable
 from toolledger.settings import ConfigError
-from toolledger.wiring.commands import LedgerCommands
 
 COMPENSATE_SUFFIX = ":compensate"
 MAX_PAGE = 500
@@ -101,6 +100,27 @@ class Compensation:
     compensation: CallRecord | None
 
 
+class OperatorPort(Protocol):
+    """What the operator service appends through: signed decisions in, durable verdicts out,
+    payloads by reference both ways. `toolledger.wiring.commands.LedgerCommands` is the
+    adapter over a stack (memory, or Kafka and PostgreSQL); the service knows only this."""
+
+    async def offload(self, event: _Op) -> _Op:
+        """`event` with its large payloads by reference, their blobs stored durably first."""
+
+    async def append_and_await(self, event: CallEvent, timeout: float) -> Verdict:
+        """Append `event` and return its verdict; `LedgerUnavailable` if none in `timeout`."""
+
+    async def restored_call(self, call: CallRecord) -> CallRecord:
+        """The record with its referenced arguments and result back in place."""
+
+    async def restored_entry(self, entry: HistoryEntry) -> HistoryEntry:
+        """A history entry whose event shows its referenced payloads."""
+
+    async def restored_verdict(self, verdict: Verdict) -> Verdict:
+        """The verdict with its call's payloads back in place."""
+
+
 class Compensator(Protocol):
     """Runs a tool's compensation as its own ledgered call `<key>:compensate`.
 
@@ -126,7 +146,7 @@ class OperatorService:
     def __init__(
         self,
         store: LedgerStore,
-        commands: LedgerCommands,
+        commands: OperatorPort,
         *,
         signing_keys: Sequence[SigningKey],
         verdict_timeout: float = 10.0,

@@ -593,6 +593,8 @@ def _run_event(
             base, {"version": 0, "status": "running", "agent": e.agent, "updated_at": e.occurred_at}
         )
         return d.accept(f"run {e.run_id} started", run=new)
+    if isinstance(e, RunPaused | RunResumed) and (run is None or run.version is None):
+        return _framework_pause(d, e)
     if run is None or run.version is None:
         return d.reject("unknown_run", f"run {e.run_id} was never started with checkpoints")
     if run.status in _FINISHED:
@@ -625,3 +627,34 @@ def _run_event(
     update["updated_at"] = e.occurred_at
     new = replace(run, update)
     return d.accept(f"run {e.run_id} {e.type}", run=new)
+
+
+def _framework_pause(d: _Decision, e: RunPaused | RunResumed) -> Verdict:
+    """A pause or resume of a run its framework drives (no checkpoints: a LangGraph thread, a
+    PydanticAI or OpenAI Agents run). The framework fences its own drivers (guarantee 8 is
+    not offered), so there is no version to compare: the event carries none. The run exists
+    once one of its calls was reserved, and a pause names the call it waits on."""
+    run = d.run
+    if e.expected_version is not None:
+        return d.reject(
+            "unknown_run",
+            f"run {e.run_id} was never started with checkpoints; a driver at checkpoint "
+            f"{e.expected_version} does not drive it",
+        )
+    if run is None:
+        return d.reject(
+            "unknown_run", f"run {e.run_id} has no calls yet: there is nothing it could wait on"
+        )
+    if isinstance(e, RunPaused):
+        if e.waiting_on is None:
+            return d.reject(
+                "unknown_call",
+                f"a pause of run {e.run_id}, which has no checkpoints, must name the call it "
+                "waits on",
+            )
+        status = "paused" if e.reason == "host" else e.reason
+        update: dict[str, object] = {"status": status, "waiting_on": e.waiting_on}
+    else:
+        update = {"status": "running", "waiting_on": None}
+    update["updated_at"] = e.occurred_at
+    return d.accept(f"run {e.run_id} {e.type}", run=replace(run, update))

@@ -393,7 +393,9 @@ class RunPaused(RunEvent):
     """The run waits: on an unknown call, an approval, a duplicate intent, or its host."""
 
     type: Literal["run_paused"] = "run_paused"
-    expected_version: Long
+    #: The checkpoint the driver holds; None (schema v2) for a run its framework drives
+    #: without checkpoints (a LangGraph thread, a PydanticAI or OpenAI Agents run).
+    expected_version: Long | None = None
     reason: PauseReason
     waiting_on: str | None = None
 
@@ -402,7 +404,8 @@ class RunResumed(RunEvent):
     """The run's driver carries on after a pause."""
 
     type: Literal["run_resumed"] = "run_resumed"
-    expected_version: Long
+    #: As `RunPaused.expected_version`: None for a run without checkpoints (schema v2).
+    expected_version: Long | None = None
 
 
 class RunFinished(RunEvent):

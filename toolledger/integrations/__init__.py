@@ -13,7 +13,9 @@ error when it is missing); importing this package imports no framework:
 
 What they share, framework-free, is in `toolledger.integrations._common` (model-facing tool
 names, call keys, what the model hears, the adapter options) and `_calls` (one call through
-the ledger, with the duplicate-intent guard). See docs/integrations/.
+the ledger, with the duplicate-intent guard); `_runs` (`RunPauses`) records a framework's pause
+as the run's, through the runtime's `FrameworkRuns`, so `toolledger resumer` wakes it. See
+docs/integrations/.
 """
 
 from toolledger.integrations._calls import Answer, Pause, make_call
@@ -26,12 +28,15 @@ from toolledger.integrations._common import (
     encode_run_id,
     model_tool_name,
 )
+from toolledger.integrations._runs import RunPauses, RunStillPaused
 
 __all__ = [
     "AdapterOptions",
     "Answer",
     "CallKey",
     "Pause",
+    "RunPauses",
+    "RunStillPaused",
     "ToolNames",
     "call_key_for",
     "decode_run_id",

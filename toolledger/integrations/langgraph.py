@@ -25,18 +25,25 @@
   approves or rejects it over the API (the signed decision is the ledger's event); a rejected
   call tells the model it did not run.
 
-The `create_agent` middleware of the `langchain` package is not offered: that package is not
-part of the `langgraph` extra, and its `AgentMiddleware.awrap_tool_call` has the same
-signature as `awrap_tool_call` here, so `tools.awrap_tool_call` can be wrapped in one.
+- **LangChain's `create_agent`** (the `langchain` package, extra `toolledger[langchain]`):
+  `create_agent(model, tools=tools.tools, middleware=[tools.middleware()], checkpointer=...)`.
+  The middleware's `awrap_tool_call` is this one (LangChain's `AgentMiddleware` hook has the
+  same signature), so everything above holds for the agent's tools node.
+- **The run's record**: each pause is recorded as the run's pause (`run_paused`, `waiting_on`
+  the call) and the answer after it as its resume (toolledger/runtime/framework_runs.py), so the
+  console shows the thread paused and `toolledger resumer` calls its hook when the call is
+  settled; the hook resumes the thread with `Command(resume=True)` on the same checkpointer.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from toolledger.integrations._calls import Answer, answer_json, make_call
 from toolledger.integrations._common import AdapterOptions, ToolNames, call_key_for
+from toolledger.integrations._runs import RunPauses
 from toolledger.runtime import Ledger, Tool
 
 __all__ = ["THREAD_ID_SOURCE", "LangGraphTools"]
@@ -54,6 +61,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 if TYPE_CHECKING:
+    from langchain.agents.middleware import AgentMiddleware
+
     Execute = Callable[[ToolCallRequest], Awaitable[ToolMessage | Command[Any]]]
 
 THREAD_ID_SOURCE = 'config["configurable"]["thread_id"]'
@@ -74,6 +83,7 @@ class LangGraphTools:
         self.tenant_id = tenant_id
         self.options = options or AdapterOptions()
         self.names = ToolNames(tools)
+        self.runs = RunPauses(ledger, tenant_id)
         self.tools: list[BaseTool] = [_shell(name, tool) for name, tool in self.names.items()]
 
     def tool_node(self, *, name: str = "tools", **kwargs: Any) -> ToolNode:
@@ -82,6 +92,29 @@ class LangGraphTools:
         return ToolNode(
             [*self.tools, *extra], name=name, awrap_tool_call=self.awrap_tool_call, **kwargs
         )
+
+    def middleware(self) -> AgentMiddleware[Any, Any]:
+        """LangChain's `create_agent` middleware whose tool calls go through this wrapper."""
+        if importlib.util.find_spec("langchain") is None:  # pragma: no cover - no extra
+            raise ImportError(
+                "LangGraphTools.middleware() needs LangChain's create_agent: "
+                "pip install 'toolledger[langchain]'"
+            )
+        from langchain.agents.middleware import AgentMiddleware
+
+        wrap = self.awrap_tool_call
+
+        class LedgerMiddleware(AgentMiddleware[Any, Any]):
+            """Makes the agent's toolledger tool calls through the ledger (see the module)."""
+
+            name = "toolledger"
+
+            async def awrap_tool_call(
+                self, request: ToolCallRequest, handler: Execute
+            ) -> ToolMessage | Command[Any]:
+                return await wrap(request, handler)
+
+        return LedgerMiddleware()
 
     async def awrap_tool_call(
         self, request: ToolCallRequest, execute: Execute
@@ -103,12 +136,14 @@ class LangGraphTools:
                 options=self.options,
             )
             if isinstance(made, Answer):
+                await self.runs.going_on(key.run_id)
                 return ToolMessage(
                     content=answer_json(made),
                     name=call["name"],
                     tool_call_id=key.tool_call_id,
                     status="success" if made.ok else "error",
                 )
+            await self.runs.paused(made)
             # Raises GraphInterrupt the first time; on resume returns, and the loop asks the
             # ledger again (a call still unsettled interrupts anew).
             interrupt(made.payload())

@@ -27,7 +27,13 @@
   operator resolved it, the reconciler found it, an approval was decided): the SDK's approval
   is granted and `on_invoke_tool` returns the ledger's truth (`state.reject` with the
   operator's reason for a rejected approval). Still unsettled: left pending, and the run
-  stops at it again.
+  stops at it again; `paused()` then reports the ledger's reason (`awaiting_approval` with
+  approve/reject, or `awaiting_reconciliation` with resolve), as it was when `resume` asked.
+- **The run's record**: each interruption of ours is recorded as the run's pause
+  (`run_paused`, `waiting_on` the call) and the answer after it as its resume
+  (toolledger/runtime/framework_runs.py), so the console shows the run paused and `toolledger
+  resumer` calls its hook when the call is settled; the hook loads the saved `RunState` JSON,
+  `resume()`s it and runs it (docs/integrations/openai_agents.md).
 """
 
 from __future__ import annotations
@@ -43,9 +49,11 @@ from toolledger.integrations._common import (
     CallKey,
     ToolNames,
     call_key_for,
+    encode_run_id,
     pause_detail,
     rejected_text,
 )
+from toolledger.integrations._runs import RunPauses
 from toolledger.runtime import CallRecord, Ledger, Tool
 
 __all__ = ["RUN_ID_SOURCE", "OpenAIAgentsTools", "PausedRun"]
@@ -102,6 +110,7 @@ class OpenAIAgentsTools:
         self.options = options or AdapterOptions()
         self.names = ToolNames(tools)
         self.run_id_of = run_id_of
+        self.runs = RunPauses(ledger, tenant_id)
         self._answers: dict[str, Answer] = {}
         self._pauses: dict[str, Pause] = {}
         self.tools: list[AgentTool] = [
@@ -117,6 +126,7 @@ class OpenAIAgentsTools:
                 self._answers[made.key] = made
                 return False
             self._pauses[made.key] = made
+            await self.runs.paused(made)
             return True
 
         async def on_invoke(ctx: ToolContext[Any], arguments: str) -> str:
@@ -130,6 +140,7 @@ class OpenAIAgentsTools:
                     "decision: resume with OpenAIAgentsTools.resume(), which approves only "
                     "what the ledger settled"
                 )
+            await self.runs.going_on(key.run_id)
             return answer_json(made)
 
         return FunctionTool(
@@ -188,6 +199,11 @@ class OpenAIAgentsTools:
                 continue
             made = await self._make(tool, key, arguments)
             if isinstance(made, Pause):
+                # The SDK stops at this interruption again without asking `needs_approval`, so
+                # `paused()` must learn why from here (an approval nobody decided is not an
+                # unknown call: `resolve` would be refused).
+                self._pauses[made.key] = made
+                await self.runs.paused(made)
                 continue
             record = await self.ledger.read_call(key.key)
             if record is not None and _rejected(record):
@@ -195,6 +211,9 @@ class OpenAIAgentsTools:
                 continue
             self._answers[made.key] = made
             state.approve(item)
+        run_id = self.run_id_of(context)
+        if run_id:  # a rejection is answered by the SDK, never by on_invoke_tool
+            await self.runs.going_on(encode_run_id(run_id))
         return state
 
 

@@ -16,6 +16,12 @@ on evidence (guarantee 6). This processor gathers the evidence continuously:
    `WaitPolicy`) like any other request, carrying the reservation and the record version the
    reconciler saw. No verdict in time (`LedgerUnavailable`): the call is asked again later.
 
+A tool whose downstream replays its first answer for a repeated key
+(`external(replays_key_for=...)`) has no hook: its due calls are resent with the same key
+instead, each resend ledgered as a reconcile attempt with its evidence
+(`toolledger.runtime.resend`). Past the window a resend could act twice, so such a call is left
+to an operator, and the log says why once.
+
 Correctness does not rest on this process. The decider accepts a finding only for the current
 reservation at the expected version, so two reconcilers (a rebalance, a misconfigured second
 group), a finding that lands after an operator resolved the call, or one that lands after the
@@ -48,6 +54,7 @@ from prometheus_client import Counter
 
 from toolledger import telemetry as names
 from toolledger.events.fold import HistoryEntry
+from toolledger.events.lifecycle import may_still_run
 from toolledger.events.models import utcnow
 from toolledger.events.records import CallRecord, Verdict
 from toolledger.extras import MissingExtra
@@ -59,7 +66,8 @@ from toolledger.processors.unsettled import UnsettledRun, fold_fact, parse_facts
 from toolledger.projections.facts import Fact
 from toolledger.runtime.port import LedgerUnavailable, RuntimePort
 from toolledger.runtime.protocol import CallProtocol, WaitPolicy
-from toolledger.runtime.reconcile import Finding, ask_hook, finding_for
+from toolledger.runtime.reconcile import ask_hook, finding_for
+from toolledger.runtime.resend import past_window, settle_by_resend, window_passed
 from toolledger.runtime.tools import Tool, Toolset
 from toolledger.settings import Settings
 
@@ -212,13 +220,21 @@ class Reconciler:
             with names.tracer().start_as_current_span(
                 RECONCILE_SPAN, context=parent, attributes=_attempt_attributes(record, tool)
             ) as span:
-                found = await ask_hook(tool, record, self.clock())
-                span.set_attribute(names.FINDING, found.status)
-                finding = finding_for(record, tool, found, self.clock())
+                finding = "reconcile_attempted"
                 try:
-                    verdict = await self.protocol.settle(finding)
+                    if tool.resends:
+                        resent = await settle_by_resend(self.protocol, tool, record)
+                        span.set_attribute(names.FINDING, resent.found.status)
+                        verdict = resent.verdict
+                        finding = verdict.event_type
+                    else:
+                        found = await ask_hook(tool, record, self.clock())
+                        span.set_attribute(names.FINDING, found.status)
+                        asked = finding_for(record, tool, found, self.clock())
+                        finding = asked.type
+                        verdict = await self.protocol.settle(asked)
                 except LedgerUnavailable as exc:
-                    FINDINGS.labels(tool.name, finding.type, "unavailable").inc()
+                    FINDINGS.labels(tool.name, finding, "unavailable").inc()
                     span.set_attribute(names.VERDICT, "unavailable")
                     log.warning(
                         "finding for %s not recorded (%s); asking again later", record.key, exc
@@ -263,15 +279,15 @@ class Reconciler:
         log.debug("%s moved on to version %s; not asked", record.key, current and current.version)
         return False
 
-    def _report(self, tool: AnyTool, finding: Finding, verdict: Verdict) -> None:
-        FINDINGS.labels(tool.name, finding.type, verdict.reason).inc()
+    def _report(self, tool: AnyTool, finding: str, verdict: Verdict) -> None:
+        FINDINGS.labels(tool.name, finding, verdict.reason).inc()
         if verdict.accepted:
-            log.info("%s: %s (%s)", finding.key, finding.type, verdict.detail)
+            log.info("%s: %s (%s)", verdict.key, finding, verdict.detail)
         else:
             log.info(
                 "%s: %s not applied, %s: %s",
-                finding.key,
-                finding.type,
+                verdict.key,
+                finding,
                 verdict.reason,
                 verdict.detail,
             )
@@ -300,6 +316,15 @@ class Reconciler:
                 record.key,
             )
             return None
+        if tool.resends:
+            if may_still_run(record, self.clock()):
+                return None  # a resend never races the runtime still waiting for its answer
+            if past_window(record, tool, self.clock()):
+                self._tell_once(
+                    f"window:{record.key}", logging.WARNING, "%s", window_passed(record, tool)
+                )
+                return None
+            return tool
         if tool.reconcile is None:
             self._tell_once(
                 f"nohook:{tool.name}",

@@ -44,6 +44,7 @@ from toolledger.events.records import Verdict
 from toolledger.projections.dberrors import database_errors
 from toolledger.projections.decoding import decode_records
 from toolledger.projections.facts import FactsPublisher, FactText, fact_text, facts_of
+from toolledger.projections.following import PartitionFollower
 from toolledger.projections.gc_pause import gc_paused
 from toolledger.projections.ownership import PartitionLocks
 from toolledger.projections.store import AppliedBatch, LedgerStore, OffsetConflict
@@ -92,6 +93,7 @@ class Projector:
         broker_retry: float = 1.0,
         decode: Callable[[bytes], Event] = decode,
         facts_in_background: bool = True,
+        follower: PartitionFollower | None = None,
     ) -> None:
         self.log = log
         self.store = store
@@ -107,6 +109,8 @@ class Projector:
         self._identity_failure: LogIdentityError | None = None
         self.decode = decode
         self.facts_in_background = facts_in_background
+        #: Hears of ownership and commits (the leader fast path, `toolledger.leader`).
+        self.follower = follower
         self.stats = ProjectorStats()
         self._resync: set[int] = set()
         self._owned: dict[int, int] = {}
@@ -198,6 +202,7 @@ class Projector:
         """
         log.warning("PostgreSQL error (%s); re-reading positions when it is back", exc)
         self._resync |= set(self._owned) | self.locks.held()
+        self._released(self._resync)
         self._owned.clear()
         self._next_ownership = 0.0
         await asyncio.sleep(0.5)
@@ -218,6 +223,7 @@ class Projector:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        self._released(set(self._owned) | self._resync)
         self._owned.clear()
         self._resync.clear()
         self._next_ownership = 0.0
@@ -281,6 +287,7 @@ class Projector:
         dropped = set(self._owned) - self.locks.held()
         for partition in dropped:
             self._owned.pop(partition)
+            self._released({partition})
             log.info("released partition %d", partition)
         resync = (taken | self._resync) & self.locks.held()
         self._resync.clear()
@@ -291,6 +298,8 @@ class Projector:
             if state is None:
                 raise LogIdentityError(f"the ledger has no offset row for partition {partition}")
             self._owned[partition] = state.next_offset
+            if self.follower is not None:
+                await self.follower.took(partition, state.next_offset)
             if partition in taken:
                 self.stats.owned_since[partition] = time.monotonic()
                 log.info("took partition %d at offset %d", partition, state.next_offset)
@@ -318,6 +327,10 @@ class Projector:
         start = self._owned[partition]
         batch = decode_records(partition, records, start, self.store.verify_keys, self.decode)
         verdicts: list[Verdict] = []
+        if self.follower is not None:
+            await self.follower.folding(
+                partition, batch.items, batch.next_offset, batch.halted is not None
+            )
         if batch.next_offset > start:
             await self._publish_dead(partition, batch.dead)
             try:
@@ -330,11 +343,14 @@ class Projector:
                 self.stats.conflicts += 1
                 log.warning("%s; re-reading its position", conflict)
                 self._owned.pop(partition, None)
+                self._released({partition})
                 self._resync.add(partition)
                 self._next_ownership = 0.0
                 return 0
             verdicts = applied.verdicts
             self._owned[partition] = batch.next_offset
+            if self.follower is not None:
+                self.follower.committed(partition, batch.next_offset)
             self.stats.applied += len(verdicts)
             self.stats.dead_letters += len(batch.dead)
             self.stats.batches += 1
@@ -347,6 +363,11 @@ class Projector:
             self.stats.halted[partition] = batch.halted
             await self._assign()
         return len(verdicts)
+
+    def _released(self, partitions: set[int]) -> None:
+        if self.follower is not None:
+            for partition in partitions:
+                self.follower.released(partition)
 
     async def _publish_facts(self, partition: int, applied: AppliedBatch, next_offset: int) -> None:
         """Publish a committed batch's facts while the next batch is fetched and applied.

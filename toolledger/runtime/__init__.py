@@ -7,7 +7,8 @@ that `AgentRun` and the framework adapters share), `pipeline` (the one road of a
 rules), `protocol` (the steps and their waiting policies), `executor` (attempts and
 classification), `recording` (outcome events, background appends), `port` (everything the
 runtime reads and appends, and nothing under it), `outcome` (what the caller gets), `errors`;
-`runs` (the `AgentRun` driver) and `pauses` (when a paused run may resume).
+`runs` (the `AgentRun` driver), `pauses` (when a paused run may resume) and `framework_runs`
+(the pauses of runs an agent framework drives, recorded for the adapters).
 
 The names below are the runtime's public surface: the framework adapters
 (`toolledger.integrations`) import these and nothing deeper, and `toolledger` re-exports the
@@ -31,6 +32,7 @@ from toolledger.runtime.errors import (
     call_label,
     resolve_command,
 )
+from toolledger.runtime.framework_runs import FrameworkRuns
 from toolledger.runtime.ledger import Ledger
 from toolledger.runtime.outcome import ToolOutcome
 from toolledger.runtime.pipeline import CallPipeline
@@ -53,6 +55,7 @@ __all__ = [
     "CallPolicy",
     "CallQuery",
     "CallRecord",
+    "FrameworkRuns",
     "Heard",
     "HeardHow",
     "HeardStatus",

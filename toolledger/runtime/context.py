@@ -11,7 +11,10 @@ tool tells it: an error raised before `sending()` was entered means nothing left
 `failed`, not attempted, safe to run again; an error once it was entered may have reached the
 other system and, for anything but a read, makes the call `indeterminate`. A tool whose code
 never mentions `context.sending()` gives the runtime no such mark and is treated as if it were
-sending from its first line (see `toolledger.runtime.tools`).
+sending from its first line (see `toolledger.runtime.tools`). A helper that sees the wire
+(`toolledger.http`) calls `mark_sending()` at the moment the request's first byte goes out, and
+notes what the other system answered in `evidence`, which a resend of the call
+(`toolledger.runtime.resend`) records in the ledger.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ class ToolContext:
         "_sent",
         "attempt",
         "deadline",
+        "evidence",
         "idempotency_key",
         "run_id",
         "tenant_id",
@@ -61,6 +65,8 @@ class ToolContext:
         self.tool = tool
         self.idempotency_key = idempotency_key or call_key(run_id, tool_call_id)
         self._sent = False
+        #: What this attempt saw of the other system, one line each ("POST .../refunds -> 200").
+        self.evidence: list[str] = []
 
     @property
     def sent(self) -> bool:
@@ -79,8 +85,13 @@ class ToolContext:
 
         The mark stays once set: leaving the block does not make later errors "not sent".
         """
-        self._sent = True
+        self.mark_sending()
         yield
+
+    def mark_sending(self) -> None:
+        """The request starts to leave now: what entering `sending()` does, for a helper that
+        sees the moment itself (an HTTP transport hook) rather than wrapping a block."""
+        self._sent = True
 
     def __repr__(self) -> str:
         return (

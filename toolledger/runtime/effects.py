@@ -18,6 +18,13 @@ other system), so the one-effect guarantee rests on that system honouring
 tool that needs an approval (the approval must come before anything is sent) or is not an
 `external` or `destructive` effect; in `Tool`, one whose source does not pass the key.
 
+`external(replays_key_for=timedelta(hours=24))` says the other system replays its first answer
+for a repeated `context.idempotency_key` within that window (Stripe keeps keys 24 hours). For
+such a tool an unknown call is settled by resending the same request with the same key inside
+the window, which for that system *is* a lookup (`toolledger.runtime.resend`); past it, or for a
+tool that does not declare it, the call is an operator's. Never with `approval`: a resend would
+act on an approval given for the first send, and the window would start before the approval.
+
 `SideEffect` is a plain value so it can be inspected (the approval flag travels in the
 `reserved` event; `toolledger.testing.assert_tool_contract` reads `attempts`). It can be built by
 hand with `attempts > 1` for a write, so that such a declaration is representable and caught by
@@ -28,6 +35,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Literal
 
 from toolledger.errors import ToolLedgerError
@@ -58,6 +66,9 @@ class SideEffect:
     backoff: float = READ_BACKOFF_S
     #: The reservation's verdict is awaited while the tool runs (see the module docstring).
     pipelined: bool = False
+    #: The other system replays the first answer for a repeated key for this long: an unknown
+    #: call is settled by resending it with the same key within it (see the module docstring).
+    replays_key_for: timedelta | None = None
 
     def __post_init__(self) -> None:
         if self.attempts < 1:
@@ -75,6 +86,23 @@ class SideEffect:
                 "starts before its reservation's verdict, and an approval must come before "
                 "anything is sent. Declare it without pipelined=True, or without approval"
             )
+        if self.replays_key_for is not None:
+            self._check_replay_window(self.replays_key_for)
+
+    def _check_replay_window(self, window: timedelta) -> None:
+        if self.kind != "external":
+            raise ValueError(
+                f"a {self.kind}() tool cannot declare replays_key_for: only external() tools "
+                "name a downstream that replays its first answer for a repeated key"
+            )
+        if self.approval:
+            raise ValueError(
+                "an approval-gated external() tool cannot declare replays_key_for: its unknown "
+                "calls are settled by an operator, never by resending a request that was "
+                "approved once. Declare it without approval, or without replays_key_for"
+            )
+        if window <= timedelta(0):
+            raise ValueError(f"replays_key_for must be a positive timedelta, not {window}")
 
     @property
     def changes_something(self) -> bool:
@@ -112,14 +140,25 @@ def write() -> SideEffect:
     return SideEffect("write")
 
 
-def external(*, approval: bool = False, pipelined: bool = False) -> SideEffect:
+def external(
+    *,
+    approval: bool = False,
+    pipelined: bool = False,
+    replays_key_for: timedelta | None = None,
+) -> SideEffect:
     """The tool acts on the outside world (an email, a credit): one attempt.
 
     `pipelined=True`: the tool starts as soon as Kafka acknowledged its reservation, while the
     verdict is awaited; only for a tool that passes `context.idempotency_key` to a system that
     honours it, never with `approval` (`PipeliningRefused` otherwise).
+
+    `replays_key_for=timedelta(hours=24)`: the other system replays its first answer for a
+    repeated key for that long, so an unknown call is settled by resending it with the same key
+    within the window (`toolledger.runtime.resend`); never with `approval`.
     """
-    return SideEffect("external", approval=approval, pipelined=pipelined)
+    return SideEffect(
+        "external", approval=approval, pipelined=pipelined, replays_key_for=replays_key_for
+    )
 
 
 def destructive(*, approval: bool = True, pipelined: bool = False) -> SideEffect:

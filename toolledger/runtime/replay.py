@@ -17,7 +17,10 @@ rules, in the order `Ledger.call` applies them:
   effect found while the record moved on (its runtime's own outcome landed meanwhile) is
   recorded against the new version; otherwise the answer is `ToolCallInProgress` while a
   `started` call may still finish, and `ToolCallIndeterminate` after, naming the command that
-  settles it.
+  settles it. A tool whose downstream replays its first answer for a repeated key
+  (`external(replays_key_for=...)`) is resent instead, with the same key, once the call may no
+  longer be running and while the window lasts (`toolledger.runtime.resend`); past the window
+  the answer is `ResendWindowPassed`, which says why the call is an operator's.
 
 A reservation the decider rejected is told the truth too (`lost_reservation`): "held" means
 another reservation of the key is running, so under run fencing this driver is superseded, and
@@ -34,6 +37,7 @@ from typing import Any, TypeVar
 
 from toolledger.events.lifecycle import may_still_run, open_until
 from toolledger.events.records import CallRecord, Verdict
+from toolledger.runtime import resend
 from toolledger.runtime.errors import (
     KeyConflictError,
     RunQuarantined,
@@ -86,6 +90,13 @@ async def _reconcile(
 ) -> ToolOutcome[T]:
     if tool.reconcile is not None:
         record = await _record_finding(protocol, tool, record)
+        outcome = settled_outcome(tool, record, replayed=True)
+        if outcome is not None:
+            return outcome
+    elif tool.resends and not may_still_run(record, protocol.clock()):
+        if resend.past_window(record, tool, protocol.clock()):
+            raise resend.ResendWindowPassed(record, tool=tool)
+        record = (await resend.settle_by_resend(protocol, tool, record)).verdict.call or record
         outcome = settled_outcome(tool, record, replayed=True)
         if outcome is not None:
             return outcome

@@ -21,11 +21,21 @@ function and its side effect, so a replay never needs to run or even import the 
   (and has no reconcile hook); a pipelined tool that does not is refused at declaration
   (`PipeliningRefused`), because a pipelined call may reach the other system twice and only the
   key makes the second request harmless.
+- **Helpers that send for the tool.** A call that hands the context itself to a function or
+  method marked `SENDS_WITH_KEY` (`await payments.post(url, context=context)`, with `payments`
+  a `toolledger.http.ToolHTTP`) counts as both: the helper passes the key and marks sending at
+  the moment the request leaves. The callee is found by resolving the call's dotted name in the
+  tool's globals and closure without running anything (`inspect.getattr_static`), so the client
+  must be a module-level (or enclosing) name defined before the tool is declared.
+- **Resending as the lookup** (`external(replays_key_for=...)`): such a tool must pass its key
+  (checked as above) and has no reconcile hook of its own; its unknown calls are settled by
+  resending them (`toolledger.runtime.resend`).
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import inspect
 import logging
 import textwrap
@@ -45,6 +55,10 @@ log = logging.getLogger("toolledger.runtime")
 
 P = ParamSpec("P")
 T = TypeVar("T")
+
+#: The attribute (set to True) that marks a function or method as one that, handed a tool's
+#: context, passes its idempotency key downstream and marks sending (`toolledger.http`).
+SENDS_WITH_KEY = "__toolledger_sends_with_key__"
 
 #: What a reconcile or compensation hook receives: the ledger's record of the call.
 ToolExecutionRecord = CallRecord
@@ -120,7 +134,13 @@ class Tool(Generic[P, T]):
         self._arguments = _arguments_model(name, self._params, self.hints)
         self.return_type: Any = self.hints.get("return", Any)
         self._result: TypeAdapter[T] = TypeAdapter(self.return_type)
-        self.marks_sending = uses_context_attribute(fn, self.context_param.name, "sending") is True
+        context = self.context_param.name
+        self.marks_sending = (
+            uses_context_attribute(fn, context, "sending") is True
+            or sends_with_context(fn, context) is True
+        )
+        if effect.replays_key_for is not None:
+            _check_resendable(name, fn, context, reconcile)
         if effect.pipelined:
             problem = key_passing_problem(fn, self.context_param.name)
             if problem is not None:
@@ -136,6 +156,12 @@ class Tool(Generic[P, T]):
 
     def __repr__(self) -> str:
         return f"<Tool {self.name} {self.effect.kind}>"
+
+    @property
+    def resends(self) -> bool:
+        """Whether an unknown call of this tool is settled by resending it with the same key
+        (`external(replays_key_for=...)`, `toolledger.runtime.resend`)."""
+        return self.effect.replays_key_for is not None
 
     @property
     def budget(self) -> float:
@@ -274,8 +300,11 @@ def function_source_tree(fn: Callable[..., Any]) -> ast.AST | None:
 
 def key_passing_problem(fn: Callable[..., Any], context: str) -> str | None:
     """Why `fn` cannot be shown to pass `<context>.idempotency_key` downstream, or None if its
-    source reads it (an alias or a helper receiving the context is not seen)."""
+    source reads it or hands the context to a `SENDS_WITH_KEY` helper (an alias, or a helper
+    that is not marked, is not seen)."""
     reads_key = uses_context_attribute(fn, context, "idempotency_key")
+    if reads_key is False and sends_with_context(fn, context):
+        return None
     if reads_key is None:
         return (
             f"its source cannot be read, so it cannot be shown to pass {context}.idempotency_key "
@@ -298,3 +327,65 @@ def uses_context_attribute(fn: Callable[..., Any], context: str, attribute: str)
         and node.value.id == context
         for node in ast.walk(tree)
     )
+
+
+def sends_with_context(fn: Callable[..., Any], context: str) -> bool | None:
+    """Whether `fn`'s source hands `<context>` itself to a `SENDS_WITH_KEY` callee (see the
+    module docstring); None if its source is unavailable."""
+    tree = function_source_tree(fn)
+    if tree is None:
+        return None
+    scope = _names_in_scope(fn)
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        values = [*node.args, *(k.value for k in node.keywords)]
+        if any(isinstance(v, ast.Name) and v.id == context for v in values):
+            callee = _resolve(node.func, scope)
+            if getattr(callee, SENDS_WITH_KEY, False) is True:
+                return True
+    return False
+
+
+_UNRESOLVED = object()
+
+
+def _names_in_scope(fn: Callable[..., Any]) -> dict[str, Any]:
+    names: dict[str, Any] = dict(getattr(fn, "__globals__", {}))
+    with contextlib.suppress(TypeError, ValueError):
+        names.update(inspect.getclosurevars(fn).nonlocals)
+    return names
+
+
+def _resolve(expr: ast.expr, scope: Mapping[str, Any]) -> Any:
+    """The object a dotted name in the source stands for, without running any of its code."""
+    if isinstance(expr, ast.Name):
+        return scope.get(expr.id, _UNRESOLVED)
+    if isinstance(expr, ast.Attribute):
+        base = _resolve(expr.value, scope)
+        if base is _UNRESOLVED:
+            return _UNRESOLVED
+        try:
+            return inspect.getattr_static(base, expr.attr)
+        except AttributeError:
+            return _UNRESOLVED
+    return _UNRESOLVED
+
+
+def _check_resendable(
+    name: str, fn: Callable[..., Any], context: str, reconcile: ReconcileHook | None
+) -> None:
+    """Refuse `replays_key_for` on a tool whose resend could not be a lookup."""
+    if reconcile is not None:
+        raise ValueError(
+            f"tool {name} declares both replays_key_for and a reconcile hook: its unknown calls "
+            "would be settled two ways. Keep the hook (a lookup) or the declaration (a resend "
+            "with the same key), not both"
+        )
+    problem = key_passing_problem(fn, context)
+    if problem is not None:
+        raise ValueError(
+            f"tool {name} cannot declare replays_key_for: {problem}. A resend is a lookup only "
+            f"when the other system sees the same key again: pass {context}.idempotency_key "
+            "downstream (or send through a toolledger.http client defined before the tool)"
+        )

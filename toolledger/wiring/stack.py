@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from toolledger.events.codec import default_codec
@@ -59,6 +59,8 @@ class LedgerStack:
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _listeners: list[PostgresNotifications] = field(default_factory=list)
     _reads: list[PointReads] = field(default_factory=list)
+    #: Closed first by `close` (the leader server, a runtime's leader connections).
+    on_close: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
 
     @classmethod
     async def memory(
@@ -169,7 +171,11 @@ class LedgerStack:
             await listener.start()
         await waiter.start()
         projector = None
+        leader = None
         if run_projector:
+            from toolledger.wiring.leader import start_leader  # only where a projector runs
+
+            leader = await start_leader(settings, events, verify_keys)
             projector = Projector(
                 events,
                 store,
@@ -183,12 +189,15 @@ class LedgerStack:
                 batch_size=settings.batch_size,
                 fetch_wait_ms=settings.fetch_wait_ms,
                 identity_interval=settings.identity_check_s,
+                follower=leader,
             )
         commands = LedgerCommands(events, waiter, store, settings.payload_limits())
         stack = cls(events, facts, dlq, store, waiter, commands, call_reads, projector)
         if listener is not None:
             stack._listeners.append(listener)
         stack._reads.append(reads)
+        if leader is not None:
+            stack.on_close.append(leader.close)
         if projector is not None:
             stack._tasks.append(asyncio.create_task(projector.run(), name="toolledger-projector"))
         return stack
@@ -201,6 +210,8 @@ class LedgerStack:
         return self._tasks[0]
 
     async def close(self) -> None:
+        for close in self.on_close:
+            await close()
         if self.projector is not None:
             self.projector.stop()
         for task in self._tasks:

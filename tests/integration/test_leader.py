@@ -1,0 +1,255 @@
+"""The leader fast path on Kafka + PostgreSQL: crashes, an unreachable leader, bad frames.
+
+Each test runs a real projector (in this process, or a child it stops by pid) whose leader
+answers a `LeaderPort`, and checks the answers against what the projection makes of the log,
+which stays the only truth. Named for the failure each guards against.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import struct
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+
+from tests import builders as b
+from tests.contract.runtime_harness import ARGS
+from tests.fake_billing import FakeBilling, use_service
+from tests.integration.procs import Procs, toolledger_env, until
+from tests.isolated import Isolated, running_stack
+from tests.pipelined_tools import credit
+from toolledger import Ledger
+from toolledger.events.codec import encode
+from toolledger.events.models import Event
+from toolledger.events.records import CallRecord, Verdict
+from toolledger.leader.frames import Kind, encode_frame
+from toolledger.leader.runtime_port import LeaderPort
+from toolledger.leader.server import LeaderServer
+from toolledger.projections.migrations import quote_ident
+from toolledger.settings import ProjectorSettings
+from toolledger.wiring.leader import leader_port
+from toolledger.wiring.stack import LedgerStack
+from toolledger.wiring.stack_port import StackPort
+
+
+def _settings(isolated: Isolated, **fields: Any) -> ProjectorSettings:
+    """The test's settings, runtimes on the fast path (`TOOLLEDGER_LEADER=auto`)."""
+    return isolated.settings(ProjectorSettings, verify_keys=b.KEYS, **{"leader": "auto", **fields})
+
+
+@asynccontextmanager
+async def _runtime(stack: LedgerStack, settings: ProjectorSettings) -> AsyncIterator[LeaderPort]:
+    """A runtime's `LeaderPort` on `stack`, once every partition has a leader registered."""
+    port = leader_port(StackPort(stack), settings)
+    assert isinstance(port, LeaderPort)
+    try:
+        yield port
+    finally:
+        await port.close()
+
+
+async def _all_led(port: LeaderPort, partitions: int) -> dict[int, str | None]:
+    async def led() -> dict[int, str | None] | None:
+        found = await port.directory.leaders()
+        return found if len([a for a in found.values() if a]) == partitions else None
+
+    return await until(led, timeout=15, what="a leader registered for every partition")
+
+
+def _leader(stack: LedgerStack) -> LeaderServer:
+    assert stack.projector is not None and isinstance(stack.projector.follower, LeaderServer)
+    return stack.projector.follower
+
+
+def _calls(n: int) -> list[Event]:
+    """A reservation of `n` calls over several runs, each followed by its outcome."""
+    events: list[Event] = []
+    for i in range(n):
+        reserved = b.reserved(f"run-{i % 3}", f"c{i}", t=i)
+        events += [reserved, b.completed(reserved, t=i + 0.5)]
+    return events
+
+
+async def _history_count(isolated: Isolated, event_ids: list[uuid.UUID]) -> dict[uuid.UUID, int]:
+    conn = await asyncpg.connect(isolated.database_url)
+    try:
+        rows = await conn.fetch(
+            f"SELECT event_id, count(*) AS n FROM {quote_ident(isolated.schema)}."  # noqa: S608
+            "tool_execution_history WHERE event_id = ANY($1::uuid[]) GROUP BY event_id",
+            event_ids,
+        )
+    finally:
+        await conn.close()
+    return {uuid.UUID(bytes=r["event_id"].bytes): int(r["n"]) for r in rows}
+
+
+async def test_a_leader_killed_before_its_projection_committed_leaves_the_same_verdicts(
+    isolated: Isolated, tmp_path: Path
+) -> None:
+    """Verdicts a leader answered from memory, then died before committing any of them, must
+    be exactly the verdicts the next owner reaches by folding the log: an answer is never a
+    promise the ledger can break."""
+    settings = _settings(isolated)
+    procs = Procs(tmp_path)
+    try:
+        async with running_stack(settings, run_projector=False) as stack:
+            worker = procs.python(
+                "leader", "tests.integration.leader_worker", env=toolledger_env(settings)
+            )
+            await worker.wait_for("leading", timeout=30)
+            async with _runtime(stack, settings) as port:
+                await _all_led(port, settings.partitions)
+                answered = [await port.append_and_await(e, 10) for e in _calls(6)]
+                assert port.stats == {"leader": 12, "direct": 0}
+                ids = [v.event_id for v in answered]
+                assert await stack.store.verdicts(ids) == {}, "the worker committed nothing"
+            worker.kill()
+            assert worker.returncode == -signal.SIGKILL
+        async with running_stack(settings) as successor:
+            stored = await until(
+                lambda: _all_verdicts(successor, ids), timeout=30, what="the successor's verdicts"
+            )
+        assert [stored[i] for i in ids] == answered
+        assert [v.accepted for v in answered] == [True] * 12
+    finally:
+        procs.close()
+
+
+async def _all_verdicts(
+    stack: LedgerStack, ids: list[uuid.UUID]
+) -> dict[uuid.UUID, Verdict] | None:
+    found = await stack.store.verdicts(ids)
+    return found if len(found) == len(ids) else None
+
+
+async def test_an_unresponsive_leader_sends_calls_direct_within_the_bound_none_lost_or_doubled(
+    isolated: Isolated,
+) -> None:
+    """A leader that appends but answers too late must not hold a runtime past the bound, and
+    the resend on the direct path (same event_id) must not apply any request twice."""
+    settings = _settings(isolated, leader_timeout_ms=300)
+    async with running_stack(settings) as stack, _runtime(stack, settings) as port:
+        await _all_led(port, settings.partitions)
+        leader = _leader(stack)
+        answer = leader._append
+
+        async def late(event: Event, data: bytes) -> Any:
+            got = await answer(event, data)  # appended and proven, then answered too late
+            await asyncio.sleep(30)
+            return got
+
+        leader._append = late  # type: ignore[method-assign]
+        events = _calls(4)
+        started = time.monotonic()
+        verdicts = [await port.append_and_await(e, 10) for e in events]
+        elapsed = time.monotonic() - started
+        assert port.stats["direct"] == len(events)
+        # One bound for the first call per partition; the rest go direct at once.
+        assert elapsed < 2 * 0.3 + 5, elapsed
+        assert [v.accepted for v in verdicts] == [True] * len(events)
+        ids = [e.event_id for e in events]
+        counts = await _history_count(isolated, ids)
+        assert counts == dict.fromkeys(ids, 1)
+
+
+async def test_bad_frames_close_their_connection_and_append_nothing(isolated: Isolated) -> None:
+    """Garbage, an oversized length, an unknown kind, an answer sent as a request or bytes that
+    are not an event must close that connection and never reach the log or stop the projector;
+    an operator decision is refused; a good request on a new connection is still answered."""
+    settings = _settings(isolated)
+    async with running_stack(settings) as stack, _runtime(stack, settings) as port:
+        leaders = await _all_led(port, settings.partitions)
+        host, _, number = str(next(iter(leaders.values()))).rpartition(":")
+        bad = [
+            struct.pack(">I", 2**31) + b"\x01",
+            struct.pack(">I", 2),
+            encode_frame(Kind.APPEND, 1, b"\xc3\x01not avro at all"),
+            struct.pack(">I", 5) + bytes([99]) + struct.pack(">I", 7),
+            encode_frame(Kind.VERDICT, 3, b"{}"),
+            encode_frame(Kind.READ, 4, b"not json"),
+        ]
+        for data in bad:
+            reader, writer = await asyncio.open_connection(host, int(number))
+            writer.write(data)
+            await writer.drain()
+            assert await asyncio.wait_for(reader.read(), 10) == b"", data[:8]
+            writer.close()
+        reserved = b.reserved("r-ops", "c1")
+        signed = b.resolved(reserved, 1)
+        reader, writer = await asyncio.open_connection(host, int(number))
+        writer.write(encode_frame(Kind.APPEND, 9, encode(signed)))
+        await writer.drain()
+        header = await asyncio.wait_for(reader.readexactly(9), 10)
+        length, kind, request = struct.unpack(">IBI", header)
+        body = await reader.readexactly(length - 5)
+        assert (Kind(kind), request) == (Kind.REFUSED, 9), body
+        writer.close()
+        verdict = await port.append_and_await(reserved, 10)
+        assert verdict.accepted and port.stats == {"leader": 1, "direct": 0}
+        assert not stack.projector_task.done()
+        assert await stack.store.dead_letters() == []
+        assert await stack.store.verdicts([signed.event_id]) == {}
+
+
+@pytest.mark.parametrize("partitions", [2])
+async def test_reads_of_a_key_come_from_the_leaders_memory(
+    isolated: Isolated, partitions: int
+) -> None:
+    """The fast-path read of a key must show the leader's latest fold, committed or not, and
+    say "no such call" for a key nobody reserved (it was read with the partition's offset)."""
+    settings = _settings(isolated)
+    async with running_stack(settings) as stack, _runtime(stack, settings) as port:
+        await _all_led(port, partitions)
+        reserved = b.reserved("r-read", "c1")
+        await port.append_and_await(reserved, 10)
+        record = await port.read_call(reserved.key)
+        assert record is not None and record.status == "started"
+        assert await port.read_call("r-read:nobody") is None
+        assert json.loads(record.model_dump_json())["reservation_id"] == str(
+            reserved.reservation_id
+        )
+
+
+async def test_a_pipelined_call_runs_on_the_leaders_answers_while_no_commit_lands(
+    isolated: Isolated, tmp_path: Path
+) -> None:
+    """A pipelined call must run on the leader's acknowledgement and verdicts alone: with every
+    projector commit held it still completes, one credit made; and once the commits land, the
+    ledger records the same completed call (the answers were the log's)."""
+    settings = _settings(isolated)
+    service = use_service(FakeBilling(tmp_path / "billing.db"))
+    async with running_stack(settings) as stack, _runtime(stack, settings) as port:
+        await _all_led(port, settings.partitions)
+        apply_written, released = stack.store.apply_written, asyncio.Event()
+
+        async def held(*args: Any, **kwargs: Any) -> Any:
+            await released.wait()
+            return await apply_written(*args, **kwargs)
+
+        stack.store.apply_written = held  # type: ignore[method-assign]
+        ledger = Ledger(port, verdict_timeout=5)
+        outcome = await ledger.call(
+            credit, run_id="r-pipe", tool_call_id="c1", tenant_id="acme", arguments=ARGS
+        )
+        assert outcome.status == "completed" and await stack.store.get_call("r-pipe:c1") is None
+        assert port.stats == {"leader": 2, "direct": 0}
+        released.set()
+        record = await until(
+            lambda: _completed(stack, "r-pipe:c1"), timeout=30, what="the committed call"
+        )
+        assert record.version == 2 and service.effects() == 1
+        await ledger.close()
+
+
+async def _completed(stack: LedgerStack, key: str) -> CallRecord | None:
+    record = await stack.store.get_call(key)
+    return record if record is not None and record.status == "completed" else None

@@ -1,0 +1,235 @@
+"""Append and prove: one partition's batches, from the runtimes' requests to their verdicts.
+
+Requests for a partition queue up while the previous batch is in flight and go out together:
+every record of the batch is sent at once, so the producer packs them into one produce request
+(acks=all), and each acknowledgement says the record's offset. While Kafka acknowledges, the
+rows the batch names that memory does not hold are read from PostgreSQL with the partition's
+stored offset (`toolledger.leader.provenance`), so the read costs no extra wait.
+
+Then the proof, under the partition's lock (the projector's hook takes it too, so the two
+never fold at once): if the batch's first offset is the next offset memory has folded to,
+nobody wrote in between and the batch is folded as it is. If it is further on, the records in
+between are foreign: they are fetched at once from a reader of this process's own, folded
+first, and then the batch. If memory is already past the batch (the projector's fetch brought
+the same records first), the verdicts are simply there. Every verdict is therefore the fold of
+the log up to its record, whoever else writes to the partition.
+
+What cannot be proven is never guessed: a produce that failed (it may still land: the runtime
+resends the same event_id on the direct path), a gap that will not come, a superseded partition.
+Each is answered as such (`Answer`), and the runtime awaits the durable verdict instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from toolledger.events.codec import decode
+from toolledger.events.fold import Positioned
+from toolledger.events.log import EventLog, LogError, LogReader, Position
+from toolledger.events.models import Event
+from toolledger.events.records import Verdict
+from toolledger.events.signing import VerifyKeys
+from toolledger.leader.frames import Kind
+from toolledger.leader.partition import Item, LeaderPartition, Loaded, Needs, Superseded
+from toolledger.projections.decoding import decode_records
+
+log = logging.getLogger("toolledger.leader")
+
+#: Seconds a batch's produce may take before its requests are answered "not proven".
+PRODUCE_BOUND = 5.0
+#: Seconds the records before an acknowledged offset may take to be fetched.
+GAP_BOUND = 2.0
+#: Seconds after its last request that a partition's memory stops following the projector's
+#: batches (`LeaderPartition.skip`): a partition nobody asks costs the projector nothing.
+IDLE_AFTER = 30.0
+
+Load = Callable[[int, Needs, int], Coroutine[Any, Any, Loaded]]
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What a request is answered with: a `Kind` and, for a verdict, the verdict."""
+
+    kind: Kind
+    verdict: Verdict | None = None
+    detail: str = ""
+    offset: int | None = None
+
+
+@dataclass
+class _Request:
+    event: Event
+    data: bytes
+    answer: asyncio.Future[Answer]
+
+
+class GapReader:
+    """Fetches a partition's records between two offsets, on a reader of its own."""
+
+    def __init__(self, events: EventLog, keys: VerifyKeys) -> None:
+        self._events = events
+        self._keys = keys
+        self._reader: LogReader | None = None
+        self._lock = asyncio.Lock()
+
+    async def between(self, partition: int, start: int, end: int) -> list[Item]:
+        """The decoded records of `[start, end)` (fewer if the bound passes first)."""
+        async with self._lock:
+            if self._reader is None:
+                self._reader = self._events.reader()
+            await self._reader.assign({partition: start})
+            items: list[Item] = []
+            at = start
+            give_up = time.monotonic() + GAP_BOUND
+            while at < end and time.monotonic() < give_up:
+                fetched = await self._reader.fetch(max_wait=0.005, max_records=end - at)
+                records = [r for r in fetched.get(partition, []) if r.offset < end]
+                batch = decode_records(partition, records, at, self._keys, decode)
+                if batch.halted is not None:
+                    raise Superseded(batch.halted)
+                items.extend(batch.items)
+                at = batch.next_offset
+            return items
+
+    async def close(self) -> None:
+        if self._reader is not None:
+            await self._reader.close()
+
+
+class PartitionAppender:
+    """Batches, appends and proves one partition's requests (see the module docstring)."""
+
+    def __init__(
+        self, state: LeaderPartition, events: EventLog, load: Load, gaps: GapReader
+    ) -> None:
+        self.state = state
+        self.lock = asyncio.Lock()
+        self._events = events
+        self._load = load
+        self._gaps = gaps
+        self._queue: list[_Request] = []
+        self._flusher: asyncio.Task[None] | None = None
+        self._asked = -IDLE_AFTER
+
+    def in_use(self) -> bool:
+        """Whether a runtime asked for this partition in the last `IDLE_AFTER` seconds."""
+        return time.monotonic() - self._asked < IDLE_AFTER
+
+    def asked(self) -> None:
+        self._asked = time.monotonic()
+
+    async def submit(self, event: Event, data: bytes) -> Answer:
+        """Append `event` (encoded as `data`) in the next batch; its answer once proven."""
+        self.asked()
+        request = _Request(event, data, asyncio.get_running_loop().create_future())
+        self._queue.append(request)
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush(), name="toolledger-leader-batch")
+        return await request.answer
+
+    async def close(self) -> None:
+        """Stop; whatever is queued or in flight is answered `UNAVAILABLE` (it may have been
+        appended: the runtime resends it on the direct path, with the same event_id)."""
+        if self._flusher is not None:
+            self._flusher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._flusher
+        _answer_all(self._queue, Answer(Kind.UNAVAILABLE, detail="the leader stopped"))
+
+    async def ensure_known(self, items: Sequence[Item]) -> None:
+        """Load what memory lacks to fold `items` (call it holding `lock`)."""
+        state = self.state
+        needs = state.needs(items)
+        while needs:
+            state.learn(await self._load(state.partition, needs, state.generation))
+            needs = state.needs(items)
+
+    async def _flush(self) -> None:
+        while self._queue:
+            batch, self._queue = self._queue, []
+            try:
+                answers = await self._prove(batch)
+            except asyncio.CancelledError:
+                _answer_all(batch, Answer(Kind.UNAVAILABLE, detail="the leader stopped"))
+                raise
+            except Superseded as exc:
+                answers = [Answer(Kind.APPENDED, detail=str(exc))] * len(batch)
+            except Exception as exc:  # never let one batch take the leader down
+                log.exception("partition %d: batch not proven", self.state.partition)
+                answers = [Answer(Kind.UNAVAILABLE, detail=f"{type(exc).__name__}: {exc}")] * len(
+                    batch
+                )
+            for request, answer in zip(batch, answers, strict=True):
+                if not request.answer.done():
+                    request.answer.set_result(answer)
+
+    async def _prove(self, batch: list[_Request]) -> list[Answer]:
+        state = self.state
+        partition = state.partition
+        needs = state.needs(Positioned(partition, state.next, r.event) for r in batch)
+        loading = (
+            asyncio.create_task(self._load(partition, needs, state.generation)) if needs else None
+        )
+        try:
+            positions = await self._produce(batch)
+        except (LogError, TimeoutError) as exc:
+            if loading is not None:
+                loading.cancel()
+            detail = f"append to partition {partition} not acknowledged ({exc}); resend it"
+            return [Answer(Kind.UNAVAILABLE, detail=detail)] * len(batch)
+        own = {
+            p.offset: Positioned(partition, p.offset, r.event)
+            for p, r in zip(positions, batch, strict=True)
+        }
+        async with self.lock:
+            if loading is not None:
+                state.learn(await loading)
+            target = max(own) + 1
+            while state.next < target:
+                if state.next in own:
+                    items: list[Item] = [own[state.next]]
+                else:  # foreign records before (or between) ours: fetch them now
+                    upto = min([o for o in own if o > state.next] + [target])
+                    items = await self._gaps.between(partition, state.next, upto)
+                    if not items:
+                        raise Superseded(
+                            f"partition {partition}: records from offset {state.next} did not "
+                            f"arrive within {GAP_BOUND}s"
+                        )
+                await self.ensure_known(items)
+                state.fold(items, items[-1].offset + 1)
+        answers: list[Answer] = []
+        for position, request in zip(positions, batch, strict=True):
+            verdict = state.verdict(request.event.event_id)
+            if verdict is None:  # cannot happen: folded above, or decided earlier
+                answers.append(Answer(Kind.APPENDED, detail="no verdict in memory"))
+            else:
+                answers.append(Answer(Kind.VERDICT, verdict, offset=position.offset))
+        return answers
+
+    async def _produce(self, batch: list[_Request]) -> list[Position]:
+        """Send every record at once (one produce request) and wait for every offset."""
+        async with asyncio.timeout(PRODUCE_BOUND):
+            positions = await asyncio.gather(
+                *(self._events.append(r.event.run_id, r.data) for r in batch)
+            )
+        for position in positions:
+            if position.partition != self.state.partition:
+                raise LogError(
+                    f"a record for partition {self.state.partition} landed in partition "
+                    f"{position.partition}: the runtime and the leader disagree on the "
+                    "partition count"
+                )
+        return list(positions)
+
+
+def _answer_all(requests: list[_Request], answer: Answer) -> None:
+    for request in requests:
+        if not request.answer.done():
+            request.answer.set_result(answer)

@@ -1,0 +1,170 @@
+"""A runtime's connections to leaders, and where the leaders are.
+
+`LeaderConnection` is one stream to one leader with any number of requests in flight: each
+request gets the next request id and a future, one task reads the answers and resolves them by
+id, in whatever order the leader proves them. A connection that breaks fails every request in
+flight with `ConnectionError` at once, so no caller waits out its bound for an answer that
+cannot come; it is then dropped and made again on the next use.
+
+`LeaderDirectory` says which leader holds a partition, read from the ownership rows
+(`projection_offsets.leader_address`) and kept until something says it is stale: an answer
+`NOT_LEADER`, a broken connection, or a leader that did not answer in time. A partition whose
+leader failed is not asked again for `retry_after` seconds; until then its calls take the
+direct path, and after it the directory is read again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+
+from toolledger.leader.frames import (
+    DEFAULT_MAX_BODY,
+    Frame,
+    FrameError,
+    Kind,
+    encode_frame,
+    read_frame,
+)
+from toolledger.leader.provenance import LeaderReads
+from toolledger.projections.dberrors import database_errors
+
+log = logging.getLogger("toolledger.leader")
+
+#: Seconds after which a partition with no leader registered is looked up again: a projector
+#: takes partitions within its ownership interval, and the first calls should not miss it long.
+NO_LEADER_RECHECK = 0.25
+
+
+class LeaderConnection:
+    """One connection to the leader at `address` (`host:port`), many requests in flight."""
+
+    def __init__(self, address: str, max_body: int = DEFAULT_MAX_BODY) -> None:
+        self.address = address
+        self._max_body = max_body
+        self._ids = itertools.count(1)
+        self._waiting: dict[int, asyncio.Future[Frame]] = {}
+        self._writer: asyncio.StreamWriter | None = None
+        self._reading: asyncio.Task[None] | None = None
+        self._opening = asyncio.Lock()
+
+    @property
+    def broken(self) -> bool:
+        return self._reading is not None and self._reading.done()
+
+    async def request(self, kind: Kind, body: bytes) -> Frame:
+        """Send one request and return its answer (bound it with the caller's timeout)."""
+        writer = await self._open()
+        request = next(self._ids) & 0xFFFFFFFF
+        answer: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
+        self._waiting[request] = answer
+        try:
+            writer.write(encode_frame(kind, request, body))
+            await writer.drain()
+            return await answer
+        finally:
+            self._waiting.pop(request, None)
+
+    async def _open(self) -> asyncio.StreamWriter:
+        async with self._opening:
+            if self._writer is None or self.broken:
+                host, _, port = self.address.rpartition(":")
+                reader, writer = await asyncio.open_connection(host, int(port))
+                self._writer = writer
+                self._reading = asyncio.create_task(self._read(reader), name="toolledger-leader-in")
+            return self._writer
+
+    async def _read(self, reader: asyncio.StreamReader) -> None:
+        why: BaseException = ConnectionError(f"the leader at {self.address} closed the connection")
+        try:
+            while (frame := await read_frame(reader, self._max_body)) is not None:
+                answer = self._waiting.get(frame.request)
+                if answer is not None and not answer.done():
+                    answer.set_result(frame)
+        except (FrameError, asyncio.IncompleteReadError, ConnectionError) as exc:
+            why = ConnectionError(f"the connection to the leader at {self.address} broke ({exc})")
+        finally:
+            for answer in self._waiting.values():
+                if not answer.done():
+                    answer.set_exception(why)
+
+    async def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            with contextlib.suppress(ConnectionError):
+                await self._writer.wait_closed()
+        if self._reading is not None:
+            self._reading.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reading
+
+
+class LeaderDirectory:
+    """Which leader answers for each partition, read from PostgreSQL when stale."""
+
+    def __init__(self, reads: LeaderReads, *, retry_after: float = 2.0) -> None:
+        self._reads = reads
+        self.retry_after = retry_after
+        self._addresses: dict[int, str | None] = {}
+        self._read_at = -float("inf")
+        self._failed: dict[int, float] = {}
+        self._connections: dict[str, LeaderConnection] = {}
+        self._refreshing = asyncio.Lock()
+
+    async def connection(self, partition: int) -> LeaderConnection | None:
+        """The connection to `partition`'s leader, or None: take the direct path."""
+        now = time.monotonic()
+        known = self._addresses.get(partition) is not None
+        stale = now - self._read_at >= (self.retry_after if known else NO_LEADER_RECHECK)
+        failed = self._failed.get(partition)
+        if failed is not None:
+            if now - failed < self.retry_after:
+                return None
+            del self._failed[partition]
+            stale = True
+        if stale:
+            await self._refresh()
+        address = self._addresses.get(partition)
+        if address is None:
+            return None
+        connection = self._connections.get(address)
+        if connection is None or connection.broken:
+            connection = self._connections[address] = LeaderConnection(address)
+        return connection
+
+    async def leaders(self) -> dict[int, str | None]:
+        """Every partition's leader as PostgreSQL says now (read again, not from memory)."""
+        self._read_at = -float("inf")
+        await self._refresh()
+        return dict(self._addresses)
+
+    def failed(self, partition: int, why: str) -> None:
+        """`partition`'s leader did not serve a request: go direct for a while, then re-read."""
+        if partition not in self._failed:
+            log.info("partition %d: leader unavailable (%s); direct path for now", partition, why)
+        self._failed[partition] = time.monotonic()
+
+    def moved(self, partition: int) -> None:
+        """`partition`'s leader says it is not the leader: read the directory again."""
+        self._read_at = -float("inf")
+        self._addresses.pop(partition, None)
+
+    async def _refresh(self) -> None:
+        async with self._refreshing:
+            if time.monotonic() - self._read_at < 0.05:
+                return
+            try:
+                self._addresses = await self._reads.leaders()
+            except database_errors() as exc:
+                log.info("cannot read where the leaders are (%s); direct path for now", exc)
+                self._addresses = {}
+            self._read_at = time.monotonic()
+
+    async def close(self) -> None:
+        for connection in self._connections.values():
+            await connection.close()
+        self._connections.clear()
+        await self._reads.close()

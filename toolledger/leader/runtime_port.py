@@ -1,0 +1,177 @@
+"""LeaderPort: the runtime port on the fast path, with the direct path underneath.
+
+Reservations, a runtime's outcomes, abandons, run events and the fast-path read of a key go to
+the leader of the run's partition (`toolledger.leader.server`): the leader appends, proves the
+offset and answers with the verdict, so such a call needs no Kafka producer of its own, no
+LISTEN and no PostgreSQL read. Everything else (listings, runs, operator events, payload blobs)
+and every request the leader cannot serve takes the direct path, the `StackPort` this port
+wraps, unchanged. The port's promises (`toolledger.runtime.port`) hold on both paths.
+
+An accelerator, never a dependency:
+
+- No leader registered, a connection refused or broken, or no answer within `bound` seconds:
+  the call goes direct at once, for the time it has left, and that partition's leader is not
+  asked again for `LeaderDirectory.retry_after` seconds.
+- A request the leader may have appended before it failed is resent on the direct path with
+  the same event_id, which the ledger applies once; so nothing is lost and nothing doubled.
+- `APPENDED` (appended, but not proven from memory) awaits the durable verdict, as the direct
+  path would after its own append.
+
+Pipelined reservations work unchanged: `append` returns once the leader answered, which is
+after Kafka's acknowledgement, and keeps the verdict for the `await_verdict` that follows the
+tool if it was watched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import Collection
+
+from toolledger.events.codec import encode
+from toolledger.events.log import partition_for
+from toolledger.events.models import Event
+from toolledger.events.payloads import PayloadLimits
+from toolledger.events.records import CallRecord, RunRecord, Verdict
+from toolledger.leader.client import LeaderDirectory
+from toolledger.leader.frames import Frame, Kind
+from toolledger.leader.server import runtime_may_append
+from toolledger.runtime.port import CallQuery, RuntimePort
+from toolledger.wiring.stack import LedgerStack
+from toolledger.wiring.stack_port import StackPort
+
+#: Seconds a leader has to answer before the call takes the direct path.
+DEFAULT_BOUND = 1.0
+
+
+class LeaderPort(RuntimePort):
+    """`RuntimePort` through partition leaders, falling back to `direct` (see the module)."""
+
+    def __init__(
+        self, direct: StackPort, directory: LeaderDirectory, partitions: int, bound: float
+    ) -> None:
+        self.direct = direct
+        self.directory = directory
+        self.partitions = partitions
+        self.bound = bound
+        self._watched: set[uuid.UUID] = set()
+        self._answered: dict[uuid.UUID, Verdict] = {}
+        #: Requests the leader answered, and those that took the direct path instead.
+        self.stats = {"leader": 0, "direct": 0}
+
+    @property
+    def stack(self) -> LedgerStack:
+        """The stack of the direct path (its owner closes it)."""
+        return self.direct.stack
+
+    @property
+    def limits(self) -> PayloadLimits:
+        return self.direct.limits
+
+    async def close(self) -> None:
+        await self.directory.close()
+
+    # -- the fast path -----------------------------------------------------------------------
+
+    async def _ask(self, partition: int, kind: Kind, body: bytes, within: float) -> Frame | None:
+        """The leader's answer, or None (and the leader marked) if it gave none in time."""
+        connection = await self.directory.connection(partition)
+        if connection is None:
+            return None
+        try:
+            async with asyncio.timeout(max(min(self.bound, within), 0.001)):
+                frame = await connection.request(kind, body)
+        except (TimeoutError, OSError) as exc:
+            self.directory.failed(partition, f"{type(exc).__name__} {exc}".strip())
+            return None
+        if frame.kind is Kind.NOT_LEADER:
+            self.directory.moved(partition)
+            return None
+        return frame
+
+    async def _via_leader(self, event: Event, within: float) -> Frame | None:
+        """`VERDICT` or `APPENDED` from the leader; None: take the direct path."""
+        if not runtime_may_append(event):
+            return None
+        light = await self.direct.stack.commands.offload(event)
+        data = encode(light)
+        if len(data) > self.direct.stack.events.max_record_bytes:
+            return None  # the direct path refuses it (`RecordTooLarge`), as it always did
+        partition = partition_for(event.run_id, self.partitions)
+        frame = await self._ask(partition, Kind.APPEND, data, within)
+        if frame is None or frame.kind not in (Kind.VERDICT, Kind.APPENDED):
+            self.stats["direct"] += 1
+            return None
+        self.stats["leader"] += 1
+        return frame
+
+    async def append_and_await(self, event: Event, timeout: float) -> Verdict:
+        started = time.monotonic()
+        frame = await self._via_leader(event, timeout)
+        left = max(timeout - (time.monotonic() - started), 0.001)
+        if frame is None:
+            return await self.direct.append_and_await(event, left)
+        if frame.kind is Kind.APPENDED:
+            return await self.direct.await_verdict(event.event_id, left)
+        verdict = Verdict.model_validate_json(frame.body)
+        return await self.direct.stack.commands.restored_verdict(verdict)
+
+    async def append(self, event: Event, timeout: float) -> None:
+        started = time.monotonic()
+        frame = await self._via_leader(event, timeout)
+        if frame is None:
+            left = max(timeout - (time.monotonic() - started), 0.001)
+            await self.direct.append(event, left)
+        elif frame.kind is Kind.VERDICT and event.event_id in self._watched:
+            self._answered[event.event_id] = Verdict.model_validate_json(frame.body)
+
+    async def append_until_landed(self, event: Event, *, each: float, pause: float) -> None:
+        if await self._via_leader(event, each) is None:
+            await self.direct.append_until_landed(event, each=each, pause=pause)
+
+    async def await_verdict(self, event_id: uuid.UUID, timeout: float) -> Verdict:
+        self._watched.discard(event_id)
+        answered = self._answered.pop(event_id, None)
+        if answered is None:
+            return await self.direct.await_verdict(event_id, timeout)
+        self.direct.unwatch_verdict(event_id)
+        return await self.direct.stack.commands.restored_verdict(answered)
+
+    def watch_verdict(self, event_id: uuid.UUID) -> None:
+        self._watched.add(event_id)
+        self.direct.watch_verdict(event_id)
+
+    def unwatch_verdict(self, event_id: uuid.UUID) -> None:
+        self._watched.discard(event_id)
+        self._answered.pop(event_id, None)
+        self.direct.unwatch_verdict(event_id)
+
+    async def read_call(self, key: str) -> CallRecord | None:
+        # The port is given the key alone; a run_id holding ':' is guessed wrong, and the
+        # leader then answers NOT_KNOWN (the record it finds names another run).
+        run_id = key.split(":", 1)[0]
+        body = json.dumps({"key": key, "run_id": run_id}).encode()
+        frame = await self._ask(partition_for(run_id, self.partitions), Kind.READ, body, self.bound)
+        if frame is None or frame.kind is not Kind.RECORD:
+            return await self.direct.read_call(key)
+        if not frame.body:
+            return None
+        return await self.direct.restored_call(CallRecord.model_validate_json(frame.body))
+
+    # -- the direct path, as it is -----------------------------------------------------------
+
+    async def read_run(self, run_id: str) -> RunRecord | None:
+        return await self.direct.read_run(run_id)
+
+    async def list_calls(self, query: CallQuery) -> list[CallRecord]:
+        return await self.direct.list_calls(query)
+
+    async def list_runs(
+        self, statuses: Collection[str], *, tenant_id: str | None = None
+    ) -> list[RunRecord]:
+        return await self.direct.list_runs(statuses, tenant_id=tenant_id)
+
+    async def restored_call(self, record: CallRecord) -> CallRecord:
+        return await self.direct.restored_call(record)

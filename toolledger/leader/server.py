@@ -1,0 +1,285 @@
+"""The leader: the projector process answering runtimes for the partitions it holds.
+
+It is not a service of its own. The projector that holds a partition's advisory lock tells the
+leader (`PartitionFollower`), which then keeps that partition's fold in memory
+(`LeaderPartition`), registers its address on the partition's ownership row, and answers
+`APPEND` and `READ` requests for it over length-prefixed frames (`toolledger.leader.frames`).
+A request for a partition it does not lead is answered `NOT_LEADER`, with the registered
+leader when it knows one. Ownership stays PostgreSQL's locks, order and durability Kafka's.
+
+What a runtime may append is all it accepts: reservations, a runtime's own outcomes, abandons
+and run events. An operator decision, a reconcile finding or a compensation outcome is
+`REFUSED` and nothing of it is appended (operator events are signed and go through the API).
+A frame that breaks the format, an unknown kind, or bytes that do not decode as an event close
+that connection with the reason in the log; the projector never sees it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Coroutine, Sequence
+from typing import Any
+
+from toolledger.events.codec import DecodeError, decode
+from toolledger.events.fold import DeadLetter, Positioned
+from toolledger.events.log import EventLog, partition_for
+from toolledger.events.models import (
+    CallAbandoned,
+    CallCompleted,
+    CallFailed,
+    CallIndeterminate,
+    CallReserved,
+    Event,
+    RunEvent,
+)
+from toolledger.events.signing import VerifyKeys
+from toolledger.leader.appender import Answer, GapReader, PartitionAppender
+from toolledger.leader.frames import (
+    DEFAULT_MAX_BODY,
+    Frame,
+    FrameError,
+    Kind,
+    encode_frame,
+    read_frame,
+)
+from toolledger.leader.partition import Behind, LeaderPartition, Needs, Superseded
+from toolledger.leader.provenance import LeaderReads
+from toolledger.projections.dberrors import database_errors
+from toolledger.projections.following import PartitionFollower
+
+log = logging.getLogger("toolledger.leader")
+
+
+def runtime_may_append(event: Event) -> bool:
+    """Whether a runtime may send `event` to a leader (see the module docstring)."""
+    match event:
+        case CallCompleted() | CallFailed():
+            return event.source == "runtime"
+        case CallReserved() | CallIndeterminate() | CallAbandoned() | RunEvent():
+            return True
+    return False
+
+
+class LeaderServer(PartitionFollower):
+    """Serves the partitions its projector holds, on `host:port` (port 0: any free one)."""
+
+    def __init__(
+        self,
+        events: EventLog,
+        reads: LeaderReads,
+        keys: VerifyKeys,
+        partitions: int,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_body: int = DEFAULT_MAX_BODY,
+    ) -> None:
+        self.events = events
+        self.reads = reads
+        self.keys = keys
+        self.partitions = partitions
+        self.max_body = max_body
+        self._host, self._port = host, port
+        self._server: asyncio.Server | None = None
+        self._led: dict[int, PartitionAppender] = {}
+        self._gaps = GapReader(events, keys)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._writers: set[asyncio.StreamWriter] = set()
+        self.address = ""
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._connected, self._host, self._port)
+        host, port = self._server.sockets[0].getsockname()[:2]
+        self.address = f"{host}:{port}"
+        log.info("leader listening on %s", self.address)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for writer in list(self._writers):
+            writer.close()
+        for task in list(self._tasks):
+            task.cancel()
+        for partition in list(self._led):
+            await self._stand_down(partition, self._led.pop(partition))
+        await self._gaps.close()
+        await self.reads.close()
+
+    def led(self) -> dict[int, int]:
+        """The partitions answered for now, with the next offset folded in memory."""
+        return {p: a.state.next for p, a in self._led.items() if a.state.superseded is None}
+
+    # -- what the projector tells it (PartitionFollower) -----------------------------------
+
+    async def took(self, partition: int, next_offset: int) -> None:
+        old = self._led.pop(partition, None)
+        if old is not None:
+            await old.close()
+        state = LeaderPartition(partition, next_offset, self.keys)
+        self._led[partition] = PartitionAppender(state, self.events, self.reads.load, self._gaps)
+        try:
+            if not await self.reads.register(partition, self.address, next_offset):
+                state.supersede(
+                    f"partition {partition} moved past {next_offset} before this "
+                    "leader could register"
+                )
+        except database_errors() as exc:
+            state.supersede(f"could not register as leader of partition {partition} ({exc})")
+
+    async def folding(
+        self,
+        partition: int,
+        items: Sequence[Positioned | DeadLetter],
+        next_offset: int,
+        halted: bool,
+    ) -> None:
+        appender = self._led.get(partition)
+        if appender is None:
+            return
+        state = appender.state
+        try:
+            async with appender.lock:
+                if state.superseded is None and not appender.in_use():
+                    state.skip(next_offset)
+                elif state.superseded is None:
+                    await appender.ensure_known([i for i in items if i.offset >= state.next])
+                    state.fold(items, next_offset)
+                    state.committing(next_offset)
+        except Superseded:
+            pass
+        except Exception as exc:  # the projector goes on; runtimes take the direct path
+            log.warning(
+                "partition %d: leader stands down (%s: %s)", partition, type(exc).__name__, exc
+            )
+            state.supersede(f"{type(exc).__name__}: {exc}")
+        if halted:
+            state.supersede(f"partition {partition} is halted at offset {next_offset}")
+
+    def committed(self, partition: int, next_offset: int) -> None:
+        appender = self._led.get(partition)
+        if appender is not None:
+            appender.state.committed_to(next_offset)
+
+    def released(self, partition: int) -> None:
+        appender = self._led.pop(partition, None)
+        if appender is not None:
+            appender.state.supersede(f"this process no longer projects partition {partition}")
+            self._spawn(self._stand_down(partition, appender))
+
+    async def _stand_down(self, partition: int, appender: PartitionAppender) -> None:
+        """Answer what `appender` still holds, and clear this address from the ownership row
+        unless the partition was taken again meanwhile (the same address registered anew)."""
+        await appender.close()
+        if partition not in self._led:
+            with contextlib.suppress(*database_errors()):
+                await self.reads.unregister(partition, self.address)
+
+    # -- connections -------------------------------------------------------------------------
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        self._writers.add(writer)
+        try:
+            while True:
+                frame = await read_frame(reader, self.max_body)
+                if frame is None:
+                    return
+                self._spawn(self._answer(frame, self._request(frame), writer))
+        except (FrameError, DecodeError) as exc:
+            log.warning("closing the connection from %s: %s", peer, exc)
+        except (asyncio.IncompleteReadError, ConnectionError) as exc:
+            log.info("connection from %s ended inside a frame (%s)", peer, exc)
+        finally:
+            self._writers.discard(writer)
+            writer.close()
+
+    def _request(self, frame: Frame) -> Event | tuple[str, str]:
+        """The event of an `APPEND` or the (key, run_id) of a `READ`; `FrameError` (or
+        `DecodeError`) for anything else."""
+        if frame.kind is Kind.APPEND:
+            return decode(frame.body)
+        if frame.kind is Kind.READ:
+            try:
+                asked = json.loads(frame.body)
+                return str(asked["key"]), str(asked["run_id"])
+            except (ValueError, KeyError, TypeError) as exc:
+                raise FrameError(
+                    f"READ request {frame.request} is not {{key, run_id}} JSON"
+                ) from exc
+        raise FrameError(f"frame kind {frame.kind.name} (request {frame.request}) is not a request")
+
+    async def _answer(
+        self, frame: Frame, request: Event | tuple[str, str], writer: asyncio.StreamWriter
+    ) -> None:
+        try:
+            if isinstance(request, tuple):
+                kind, body = await self._read(*request)
+            else:
+                answer = await self._append(request, frame.body)
+                kind, body = answer.kind, _body(answer)
+        except Exception as exc:
+            log.exception("request %d not answered", frame.request)
+            kind, body = Kind.UNAVAILABLE, f"{type(exc).__name__}: {exc}".encode()
+        if not writer.is_closing():
+            writer.write(encode_frame(kind, frame.request, body))
+            with contextlib.suppress(ConnectionError):
+                await writer.drain()
+
+    async def _append(self, event: Event, data: bytes) -> Answer:
+        if not runtime_may_append(event):
+            return Answer(
+                Kind.REFUSED,
+                detail=f"{event.type} for {event.key} is not a runtime's to append; a leader "
+                "appends only reservations, a runtime's outcomes, abandons and run events "
+                "(operator decisions go through the API). Nothing was appended",
+            )
+        partition = partition_for(event.run_id, self.partitions)
+        appender = self._leading(partition)
+        if appender is None:
+            return Answer(Kind.NOT_LEADER, detail=json.dumps({"partition": partition}))
+        return await appender.submit(event, data)
+
+    async def _read(self, key: str, run_id: str) -> tuple[Kind, bytes]:
+        partition = partition_for(run_id, self.partitions)
+        appender = self._leading(partition)
+        if appender is None:
+            return Kind.NOT_LEADER, json.dumps({"partition": partition}).encode()
+        appender.asked()
+        try:
+            async with appender.lock:
+                state = appender.state
+                state.check_current()
+                if not state.knows(key):
+                    needs = Needs(keys=frozenset({key}))
+                    state.learn(await self.reads.load(partition, needs, state.generation))
+                record = state.call(key)
+                known = state.knows(key)
+        except Behind:
+            return Kind.NOT_KNOWN, b""
+        except Superseded:
+            return Kind.NOT_LEADER, json.dumps({"partition": partition}).encode()
+        if not known or (record is not None and record.run_id != run_id):
+            return Kind.NOT_KNOWN, b""
+        return Kind.RECORD, b"" if record is None else record.model_dump_json().encode()
+
+    def _leading(self, partition: int) -> PartitionAppender | None:
+        appender = self._led.get(partition)
+        if appender is None or appender.state.superseded is not None:
+            return None
+        return appender
+
+
+def _body(answer: Answer) -> bytes:
+    if answer.kind is Kind.VERDICT and answer.verdict is not None:
+        return answer.verdict.model_dump_json().encode()
+    if answer.kind is Kind.APPENDED:
+        return json.dumps({"offset": answer.offset, "reason": answer.detail}).encode()
+    return answer.detail.encode()

@@ -1,0 +1,48 @@
+"""PartitionFollower: what a projector tells whoever answers from memory for its partitions.
+
+The leader fast path (`toolledger.leader`) answers runtimes from a fold it keeps in memory,
+and that fold is only usable while it agrees with the projection this process commits: the
+leader must know when a partition is taken and at which offset, which records the projector is
+about to commit (so memory is never behind PostgreSQL), when they committed, and when the
+partition is gone. The projector calls these four methods and knows nothing else about leaders;
+without a follower it runs exactly as before.
+
+A follower must not fail the projector: `folding` may take its time (it is awaited before the
+batch's transaction), but anything it cannot do it handles itself, by no longer answering for
+that partition.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+from toolledger.events.fold import DeadLetter, Positioned
+
+
+class PartitionFollower(ABC):
+    """Hears of a projector's ownership and commits, partition by partition."""
+
+    @abstractmethod
+    async def took(self, partition: int, next_offset: int) -> None:
+        """This process projects `partition` from `next_offset` (taken, or re-read after an
+        error): whatever was remembered of it before is void."""
+
+    @abstractmethod
+    async def folding(
+        self,
+        partition: int,
+        items: Sequence[Positioned | DeadLetter],
+        next_offset: int,
+        halted: bool,
+    ) -> None:
+        """The projector is about to commit `items`, up to `next_offset` (`halted`: and stops
+        there, at a record it cannot judge)."""
+
+    @abstractmethod
+    def committed(self, partition: int, next_offset: int) -> None:
+        """The batch committed: the stored next offset is `next_offset`, moved by this process."""
+
+    @abstractmethod
+    def released(self, partition: int) -> None:
+        """This process no longer projects `partition` (dropped, conflict, lost a service)."""
