@@ -1,11 +1,14 @@
-# toolledger services image: the projector, reconciler, resumer and operator API all run from it.
+# toolledger server image: `toolledger server` (every server role), or any single role, from it.
 FROM python:3.11.11-slim-bookworm
 
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY toolledger ./toolledger
-RUN pip install . && useradd --system --uid 10001 toolledger
+# The example tools are what docker-compose.yml's TOOLLEDGER_TOOLS names by default.
+COPY examples ./examples
+RUN pip install '.[server]' && useradd --system --uid 10001 toolledger \
+    && mkdir /keys && chown toolledger /keys
 USER toolledger
 ENTRYPOINT ["toolledger"]
 CMD ["--help"]

@@ -48,6 +48,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "LogError": ("toolledger.events.log", "log_error"),
     "LogIdentityError": ("toolledger.events.log", "log_identity"),
     "Misconfigured": ("toolledger.api.errors", "misconfigured"),
+    "MissingExtra": ("toolledger.extras", "missing_extra"),
     "ModuleLoadError": ("toolledger.modules", "module_load"),
     "NotFound": ("toolledger.api.errors", "not_found"),
     "OffsetConflict": ("toolledger.projections.store", "offset_conflict"),

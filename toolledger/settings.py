@@ -69,6 +69,14 @@ class Settings(BaseSettings):
         description="Partitions of the events topic when toolledger creates it. Never change "
         "it for an existing topic: migrate to a new topic instead.",
     )
+    replication_factor: int = Field(
+        default=1,
+        ge=1,
+        le=32,
+        description="Replication factor of the topics toolledger creates (events, facts, dead "
+        "letters, the processors' changelogs). 1 for a single development broker; 3 in "
+        "production, which also sets min.insync.replicas=2 on the ledger's topics.",
+    )
     fetch_wait_ms: int = Field(
         default=5, ge=0, le=10_000, description="How long a projector fetch waits for data."
     )

@@ -3,7 +3,9 @@
 1. A credit applied before the timeout: the call is `indeterminate`; asking again makes the
    ledger ask the tool's reconcile hook, which finds the credit by its idempotency key.
 2. A credit that never landed: the hook cannot tell, so an operator settles it `failed` over the
-   HTTP API (real HTTP to the API app, served in this process).
+   HTTP API (real HTTP to the API app, served in this process). On an install without the
+   `server` extra (no FastAPI), the operator calls the same operator service the API and
+   `toolledger executions` call, in this process.
 3. A credit an operator wants undone: `POST .../compensate` runs the tool's compensation as its
    own ledgered call (`<key>:compensate`).
 4. A credit refused before anything was sent (the account is locked): `failed`, not attempted,
@@ -20,19 +22,20 @@ import json
 import socket
 from collections.abc import AsyncIterator
 from datetime import timedelta
-from typing import Any
+from typing import Any, Literal, Protocol
 
-import httpx
-import uvicorn
 from rich.console import Console
 from rich.table import Table
 
 from examples.billing_reconciliation.billing import system
 from examples.billing_reconciliation.tools import billing, issue_credit
 from toolledger import Ledger, OperatorSettings, SigningKey, ToolCallIndeterminate
-from toolledger.api.app import create_app
+from toolledger.api.compensation import RuntimeCompensator
+from toolledger.api.service import Operator, OperatorService
 from toolledger.api.tokens import MemoryTokens
 from toolledger.events.records import CallRecord
+from toolledger.extras import installed
+from toolledger.wiring.stack_port import StackPort
 
 RUN = "demo-run"
 TENANT = "acme"
@@ -44,11 +47,90 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class Desk(Protocol):
+    """Where the demo's operator acts; each call returns the line the demo prints."""
+
+    async def queue(self) -> str: ...
+    async def resolve(
+        self, key: str, outcome: Literal["completed", "failed"], reason: str
+    ) -> str: ...
+    async def compensate(self, key: str, reason: str) -> str: ...
+
+
+class HttpDesk:
+    """The operator API over real HTTP (the `server` extra)."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    async def queue(self) -> str:
+        got = await self.client.get("/v1/tool-executions", params={"status": "indeterminate"})
+        return f"GET /v1/tool-executions?status=indeterminate -> {got.status_code}"
+
+    async def resolve(self, key: str, outcome: Literal["completed", "failed"], reason: str) -> str:
+        body = {"outcome": outcome, "reason": reason}
+        got = await self.client.post(f"/v1/tool-executions/{key}/resolve", json=body)
+        return f"POST .../{key}/resolve -> {got.status_code}"
+
+    async def compensate(self, key: str, reason: str) -> str:
+        got = await self.client.post(
+            f"/v1/tool-executions/{key}/compensate", json={"reason": reason}
+        )
+        return f"POST .../{key}/compensate -> {got.status_code}"
+
+
+class ServiceDesk:
+    """The operator service the API and `toolledger executions` call, in this process."""
+
+    def __init__(self, service: OperatorService) -> None:
+        self.service = service
+        self.who = Operator(TENANT, "alice")
+
+    async def queue(self) -> str:
+        page = await self.service.list_calls(self.who, statuses=frozenset({"indeterminate"}))
+        return f"the queue of unknown calls: {', '.join(c.key for c in page.items)}"
+
+    async def resolve(self, key: str, outcome: Literal["completed", "failed"], reason: str) -> str:
+        record = await self.service.resolve(self.who, key, outcome=outcome, reason=reason)
+        return f"resolve {key} (the operator service) -> {record.status}"
+
+    async def compensate(self, key: str, reason: str) -> str:
+        done = await self.service.compensate(self.who, key, reason=reason)
+        return f"compensate {key} (the operator service) -> {done.record.status}"
+
+
 @contextlib.asynccontextmanager
-async def operator_api(
-    ledger: Ledger, settings: OperatorSettings
-) -> AsyncIterator[httpx.AsyncClient]:
+async def operator_desk(ledger: Ledger, settings: OperatorSettings) -> AsyncIterator[Desk]:
+    """The operator API over HTTP when FastAPI is installed, else the service it calls."""
+    if installed("fastapi", "uvicorn", "httpx", "jinja2", "multipart"):
+        async with operator_api(ledger, settings) as client:
+            yield HttpDesk(client)
+        return
+    tools = {t.name: t for t in billing}
+    compensator = RuntimeCompensator(
+        StackPort(ledger.stack), tools, verdict_timeout=settings.verdict_timeout_s
+    )
+    service = OperatorService(
+        ledger.stack.store,
+        ledger.stack.commands,
+        signing_keys=settings.signing_keys,
+        verdict_timeout=settings.verdict_timeout_s,
+        compensator=compensator,
+    )
+    try:
+        yield ServiceDesk(service)
+    finally:
+        await compensator.close()
+
+
+@contextlib.asynccontextmanager
+async def operator_api(ledger: Ledger, settings: OperatorSettings) -> AsyncIterator[Any]:
     """The operator API on a free loopback port, and an HTTP client holding an operator token."""
+    import httpx
+    import uvicorn
+
+    from toolledger.api.app import create_app
+
     tokens = MemoryTokens()
     await tokens.start()
     issued = await tokens.create(TENANT, "alice", "operator", timedelta(hours=1))
@@ -124,7 +206,7 @@ async def run_scenarios(
 ) -> dict[str, str]:
     """The four scenarios; returns each key's outcome (`outcome_of`)."""
     outcomes: dict[str, str] = {}
-    async with operator_api(ledger, settings) as api:
+    async with operator_desk(ledger, settings) as desk:
         console.rule("1. the credit went through, the answer was lost")
         system.lose_next_response = True
         with contextlib.suppress(ToolCallIndeterminate):
@@ -141,23 +223,19 @@ async def run_scenarios(
         with contextlib.suppress(ToolCallIndeterminate):
             await _credit(ledger, "credit-2")
         console.print("  the hook cannot find it; an operator checks the billing console:")
-        queue = await api.get("/v1/tool-executions", params={"status": "indeterminate"})
-        console.print(f"  GET /v1/tool-executions?status=indeterminate -> {queue.status_code}")
-        resolved = await api.post(
-            f"/v1/tool-executions/{RUN}:credit-2/resolve",
-            json={"outcome": "failed", "reason": "no such credit in the billing console"},
+        console.print(f"  {await desk.queue()}")
+        said = await desk.resolve(
+            f"{RUN}:credit-2", "failed", "no such credit in the billing console"
         )
-        console.print(f"  POST .../{RUN}:credit-2/resolve -> {resolved.status_code}")
+        console.print(f"  {said}")
         outcomes["2"] = await _show(console, ledger, f"{RUN}:credit-2")
 
         console.rule("3. an operator asks for a credit to be undone")
         done = await _credit(ledger, "credit-3")
         console.print(f"  credited {done.result().credit_id}; the customer asks to cancel it")
-        undone = await api.post(
-            f"/v1/tool-executions/{RUN}:credit-3/compensate",
-            json={"reason": "customer cancelled the order"},
-        )
-        console.print(f"  POST .../{RUN}:credit-3/compensate -> {undone.status_code}")
+        await ledger.read_call(f"{RUN}:credit-3")  # the operator looks at the settled record
+        said = await desk.compensate(f"{RUN}:credit-3", "customer cancelled the order")
+        console.print(f"  {said}")
         outcomes["3"] = await _show(console, ledger, f"{RUN}:credit-3")
 
         console.rule("4. refused before anything was sent")

@@ -13,6 +13,7 @@ import click
 import pytest
 import yaml
 
+from toolledger.api.compensation import load_tools
 from toolledger.cli import main
 from toolledger.events.signing import SigningKey
 from toolledger.settings import OperatorSettings, ProjectorSettings, load_settings
@@ -64,13 +65,40 @@ def test_images_are_pinned_to_a_version(compose: dict[str, Any]) -> None:
         assert any(ch.isdigit() for ch in tag), f"{name} image {image} has no version"
 
 
+def _reads_the_keys_volume(service: dict[str, Any]) -> bool:
+    """Whether `service` runs toolledger through the entrypoint that exports the keys volume's
+    two files as `TOOLLEDGER_VERIFY_KEYS` and `TOOLLEDGER_SIGNING_KEYS`."""
+    entrypoint = service.get("entrypoint") or []
+    script = " ".join(str(part) for part in entrypoint)
+    return "cat /keys/verify" in script and 'exec toolledger "$$@"' in script
+
+
+def test_the_stack_is_kafka_postgres_a_one_shot_key_setup_and_the_server(
+    compose: dict[str, Any],
+) -> None:
+    """Issue 26: one server process serves every role; what runs by default is the two services
+    it needs, the key setup (run once, to completion) and the server."""
+    services = compose["services"]
+    running = {name for name, service in services.items() if not service.get("profiles")}
+    assert running == {"kafka", "postgres", "keys", "server"}
+    assert services["keys"]["restart"] == "no"
+    assert services["server"]["depends_on"]["keys"] == {
+        "condition": "service_completed_successfully"
+    }
+    script = services["keys"]["command"][0]
+    assert "toolledger keys new" in script and "keys" in main.commands
+    assert "already made" in script, "the key setup must never replace keys already made"
+
+
 def test_toolledger_services_run_real_commands_with_valid_settings(
     compose: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     for name, service in compose["services"].items():
-        if "build" not in service:
+        if "build" not in service or name == "keys":
             continue
-        env = service["environment"]
+        env = dict(service["environment"])
+        if _reads_the_keys_volume(service):
+            env.update(_EXPORTED)
         for key in [k for k in os.environ if k.startswith("TOOLLEDGER_")]:
             monkeypatch.delenv(key)
         for key, value in env.items():
@@ -81,23 +109,37 @@ def test_toolledger_services_run_real_commands_with_valid_settings(
         if command:
             known = main.get_command(click.Context(main), command[0])
             assert known is not None, f"{name} runs unknown command {command[0]!r}"
-        if command and command[0] == "projector":
+        if command and command[0] == "server":
             load_settings(ProjectorSettings).require_verify_keys()
-        if command and command[0] == "api":
             load_settings(OperatorSettings).require_signing_key()
+            tools = _interpolate(str(env["TOOLLEDGER_TOOLS"]))
+            assert load_tools([tools]), f"{name}: TOOLLEDGER_TOOLS={tools} declares no tools"
 
 
-def test_only_the_api_and_the_operator_cli_get_the_private_key(compose: dict[str, Any]) -> None:
-    """The reconciler and the resumer run user code: with the private key in their environment
-    they could sign an approval (issue 15). Projectors get only the public keys."""
-    holders = {
+def test_the_image_holds_the_example_tools_and_the_server_extra() -> None:
+    """The compose file's default TOOLLEDGER_TOOLS is an example module: the image must have
+    it, and the server role's dependencies (faust, FastAPI, uvicorn, Jinja2)."""
+    dockerfile = (COMPOSE.parent / "Dockerfile").read_text()
+    assert "COPY examples ./examples" in dockerfile
+    assert re.search(r"pip install [^\n]*\.\[server\]", dockerfile)
+
+
+def test_no_service_is_given_the_private_key_in_its_environment(compose: dict[str, Any]) -> None:
+    """The private key is read from the keys volume by the server and the operator CLI only;
+    inside the server, the reconciler and the resumer (which run user code) are started without
+    it (tests/unit/test_server_children.py), so no compose environment may carry it either."""
+    for name, service in compose["services"].items():
+        assert "TOOLLEDGER_SIGNING_KEYS" not in (service.get("environment") or {}), name
+    readers = {
         name
         for name, service in compose["services"].items()
-        if "TOOLLEDGER_SIGNING_KEYS" in (service.get("environment") or {})
+        if any(str(v).startswith("keys:") for v in service.get("volumes") or [])
     }
-    assert holders == {"api", "cli"}
-    projector = compose["services"]["projector"]["environment"]
-    assert "TOOLLEDGER_VERIFY_KEYS" in projector
+    assert readers == {"keys", "server", "cli"}
+    assert {n for n, svc in compose["services"].items() if _reads_the_keys_volume(svc)} == {
+        "server",
+        "cli",
+    }
 
 
 def test_kafka_never_auto_creates_topics(compose: dict[str, Any]) -> None:

@@ -7,18 +7,21 @@ service layer it shares with the `toolledger executions` CLI; tokens live in
 
 from typing import TYPE_CHECKING, Any
 
+from toolledger.extras import require
+
 if TYPE_CHECKING:
     from toolledger.api.app import create_app
 
 
+__all__ = ["create_app"]
+
+
 def __getattr__(name: str) -> Any:
-    # Loaded when asked for: `toolledger.api.tokens` and `toolledger.api.errors` are read by
-    # commands whose `--help` must not import FastAPI.
+    """`create_app`, imported on first use: the operator service, tokens and errors (which the
+    CLI uses) need no FastAPI, and a runtime-only install is told which extra to add."""
     if name == "create_app":
+        require("server", "the operator API (toolledger.api.create_app)")
         from toolledger.api.app import create_app
 
         return create_app
-    raise AttributeError(f"module 'toolledger.api' has no attribute {name!r}")
-
-
-__all__ = ["create_app"]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

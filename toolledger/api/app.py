@@ -42,6 +42,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from toolledger.api import metrics
 from toolledger.api.auth import ApiContext, ApiError, api_context
+from toolledger.api.closing import close_stack
 from toolledger.api.compensation import RuntimeCompensator
 from toolledger.api.console import Sessions, mount_console
 from toolledger.api.errors import Conflict, NotFound, OperatorError, http_status
@@ -50,12 +51,16 @@ from toolledger.api.schemas import ErrorDetail, ErrorResponse, Health, ToolExecu
 from toolledger.api.service import OperatorService
 from toolledger.api.tokens import MemoryTokens, PostgresTokens, TokenStore
 from toolledger.events.models import utcnow
+from toolledger.projections.health import ProjectorHealth, lag_checks
+from toolledger.projections.health import problems as projector_problems
 from toolledger.projections.postgres import PostgresLedger
 from toolledger.projections.store import LedgerStore
 from toolledger.runtime.tools import Tool
 from toolledger.settings import ConfigError, OperatorSettings
 from toolledger.wiring.stack import LedgerStack
 from toolledger.wiring.stack_port import StackPort
+
+__all__ = ["close_stack", "create_app"]
 
 StackFactory = Callable[[], Awaitable[LedgerStack]]
 
@@ -74,12 +79,15 @@ def create_app(
     tools: Mapping[str, Tool[Any, Any]] | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
     console_sessions: Sessions | None = None,
+    health: ProjectorHealth | None = None,
 ) -> FastAPI:
     """The operator API over `source` (see the module docstring), configured by `settings`.
 
     `tools` (tool name -> `Tool`) lets the API run compensations; without it, compensating is
     refused with 409 saying so. `console_sessions` is the console's session store (default: a
-    new in-memory one). Raises `ConfigError` when no signing key is configured.
+    new in-memory one). `health` is the in-process projector's (`toolledger server`): its
+    halted partitions and lag show in `/readyz`, `/metrics` and the console's banner. Raises
+    `ConfigError` when no signing key is configured.
     """
     if not isinstance(source, OperatorService):
         settings.require_signing_key()
@@ -113,27 +121,13 @@ def create_app(
         app.state.toolledger = _context(source, settings, tokens, tools)
     app.include_router(router)
     mount_console(app, console_sessions)
+    if health is None and isinstance(source, LedgerStack) and source.projector is not None:
+        health = ProjectorHealth(source.projector, source.events)
+    app.state.projector_health = health
     _health_routes(app, settings)
     _error_handlers(app)
     app.add_middleware(_BodyLimit, max_bytes=max_body_bytes)
     return app
-
-
-async def close_stack(stack: LedgerStack) -> None:
-    """`stack.close()`, made sure to finish.
-
-    On Python 3.11, `VerdictWaiter._loop` can swallow the cancellation `close()` sends it
-    (`asyncio.wait_for` returns the inner result when the wake event is set in the same instant
-    the cancel arrives), and `close()` then waits forever. Until that loop uses
-    `asyncio.timeout`, the cancel is repeated here until it is heard.
-    """
-    closing = asyncio.ensure_future(stack.close())
-    while not closing.done():
-        await asyncio.wait({closing}, timeout=0.5)
-        for task in asyncio.all_tasks():
-            if task.get_name() == "toolledger-verdict-waiter" and task.cancelling():
-                task.cancel()
-    closing.result()
 
 
 def _context(
@@ -208,15 +202,16 @@ def _health_routes(app: FastAPI, settings: OperatorSettings) -> None:
         if lag > service.verdict_timeout / 2:
             problems.append(f"an operator command has waited {lag:.1f}s for its verdict")
         stack = context.stack
-        if stack is not None and stack.projector is not None:
-            if stack.projector_task.done():
-                problems.append("this process's projector stopped")
-            elif stack.projector.stats.halted:
-                halted = sorted(stack.projector.stats.halted)
-                problems.append(f"this process's projector halted partitions {halted}")
+        health: ProjectorHealth | None = request.app.state.projector_health
+        checks = {"ledger": "ok", "verdicts": "ok"}
+        if stack is not None and stack.projector is not None and stack.projector_task.done():
+            problems.append("this process's projector stopped")
+        if health is not None:
+            problems.extend(projector_problems(health.projector))
+            checks.update(lag_checks(health))
         if problems:
             raise ApiError(503, "not_ready", "; ".join(problems))
-        return Health(status="ready", checks={"ledger": "ok", "verdicts": "ok"})
+        return Health(status="ready", checks=checks)
 
     @app.get("/metrics", include_in_schema=False)
     async def prometheus(request: Request) -> Response:
@@ -231,6 +226,9 @@ def _health_routes(app: FastAPI, settings: OperatorSettings) -> None:
                 metrics.UNSETTLED.labels(unsettled, f"{bound:g}").set(count)
             refreshed["at"] = time.monotonic()
         metrics.PROJECTOR_LAG.set(service.verdict_lag())
+        health: ProjectorHealth | None = request.app.state.projector_health
+        if health is not None:
+            health.update_gauges()
         return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
 

@@ -33,6 +33,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "toolledger.cli.dev:dev",
         "Run PostgreSQL and a Kafka broker for development and tests.",
     ),
+    "server": (
+        "toolledger.cli.server:server",
+        "Run every server role: projector, reconciler, resumer, API and console (TOOLLEDGER_*).",
+    ),
     "projector": (
         "toolledger.cli.projector:projector",
         "Fold toolledger.events into the PostgreSQL ledger (configured by TOOLLEDGER_*).",

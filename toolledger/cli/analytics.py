@@ -13,10 +13,12 @@ import logging
 import click
 
 from toolledger.cli.entry import configure_logging, run_worker
+from toolledger.extras import PROCESSORS, require
 from toolledger.processors import DEFAULT_SESSION_TIMEOUT_S
 
 
 async def _run(port: int, group: str | None, session_timeout: float) -> None:
+    require("server", "this command", PROCESSORS)
     from prometheus_client import start_http_server
 
     from toolledger.events.log import TopicMissing

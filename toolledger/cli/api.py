@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 
 import click
 
+from toolledger.extras import API, require
+
 if TYPE_CHECKING:
     from toolledger.wiring.stack import LedgerStack
 
@@ -33,6 +35,7 @@ if TYPE_CHECKING:
 @click.option("--log-level", default="info", show_default=True, help="uvicorn's log level.")
 def api(host: str, port: int, tools: tuple[str, ...], log_level: str) -> None:
     """Serve the operator HTTP API (OpenAPI at /openapi.json), configured by TOOLLEDGER_*."""
+    require("server", "this command", API)
     import uvicorn
 
     from toolledger.api.app import create_app

@@ -25,6 +25,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from toolledger.cli import entry
 from toolledger.cli.entry import CommandFailed, ExitStatus, configure_logging
 from toolledger.drill.summary import render
+from toolledger.extras import PROCESSORS, require
 
 if TYPE_CHECKING:
     from toolledger.drill.run import DrillConfig, DrillReport
@@ -115,6 +116,7 @@ def drill(
     home: Path | None,
 ) -> None:
     """Kill runtimes, projectors and reconcilers at random points, then check the ledger."""
+    require("server", "the drill (it runs reconcilers)", PROCESSORS)
     from toolledger.drill.run import DrillConfig
 
     configure_logging(logging.WARNING)

@@ -34,6 +34,9 @@ from toolledger.errors import ExitStatus, ToolLedgerError
 if TYPE_CHECKING:
     import faust
 
+if TYPE_CHECKING:
+    import faust
+
 LOG_LEVEL_ENV = "TOOLLEDGER_LOG_LEVEL"
 __all__ = [
     "CommandFailed",
@@ -198,7 +201,7 @@ async def run_worker(app: faust.App) -> None:
     toolledger configures logging itself, so faust must not; its spinner would write terminal
     escape codes into the log.
     """
-    import faust
+    import faust  # only the processors' commands run one (it is the server extra's)
 
     worker = faust.Worker(app, quiet=True, redirect_stdouts=False, override_logging=False)
     worker.spinner = None

@@ -77,7 +77,7 @@ def _run(
     body: Callable[[OperatorService], Coroutine[Any, Any, _T]],
 ) -> _T:
     """Connect, run `body` on a service, close; turn failures into messages and exit codes."""
-    from toolledger.api.app import close_stack
+    from toolledger.api.closing import close_stack
     from toolledger.api.compensation import RuntimeCompensator, load_tools
     from toolledger.api.errors import Conflict
     from toolledger.api.service import OperatorService

@@ -25,7 +25,9 @@ import click
 from toolledger.cli.entry import configure_logging
 
 
-async def _run(status_every: float) -> None:
+async def _run(status_every: float, health_host: str, health_port: int | None) -> None:
+    from toolledger.projections.health import ProjectorHealth, log_status
+    from toolledger.projections.health_http import HealthServer
     from toolledger.settings import ProjectorSettings, load_settings
     from toolledger.wiring.stack import LedgerStack
 
@@ -41,23 +43,14 @@ async def _run(status_every: float) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, projector.stop)
-    task = stack.projector_task
-    log = logging.getLogger("toolledger.projector")
+    health = ProjectorHealth(projector, stack.events)
+    served = HealthServer(health, stack.projector_task)
     try:
-        while not task.done():
-            await asyncio.wait({task}, timeout=status_every)
-            if not task.done():
-                stats = projector.stats
-                log.info(
-                    "owns %s; applied %d events in %d batches; %d dead letters; %d conflicts",
-                    sorted(projector.owned),
-                    stats.applied,
-                    stats.batches,
-                    stats.dead_letters,
-                    stats.conflicts,
-                )
-        task.result()
+        if health_port is not None:
+            await served.start(health_host, health_port)
+        await log_status(health, stack.projector_task, status_every)
     finally:
+        await served.close()
         await stack.close()
 
 
@@ -65,7 +58,15 @@ async def _run(status_every: float) -> None:
 @click.option(
     "--status-every", default=30.0, show_default=True, help="Seconds between status log lines."
 )
-def projector(status_every: float) -> None:
+@click.option(
+    "--health-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="Serve /healthz, /readyz (503 while a partition is halted) and /metrics on this port "
+    "[default: not served].",
+)
+@click.option("--health-host", default="127.0.0.1", show_default=True, help="Address for them.")
+def projector(status_every: float, health_port: int | None, health_host: str) -> None:
     """Fold toolledger.events into the PostgreSQL ledger (configured by TOOLLEDGER_*)."""
     configure_logging(logging.INFO)
-    asyncio.run(_run(status_every))
+    asyncio.run(_run(status_every, health_host, health_port))

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING
 import click
 
 from toolledger.cli.entry import CommandFailed, ExitStatus, configure_logging, run_worker
+from toolledger.extras import PROCESSORS, require
 from toolledger.processors import DEFAULT_SESSION_TIMEOUT_S
 
 if TYPE_CHECKING:
-    from toolledger.processors.reconciler import Reconciler
     from toolledger.processors.schedule import ReconcilePolicy
 
 log = logging.getLogger("toolledger.reconciler")
@@ -56,6 +56,7 @@ async def _run(
     scan_every: float,
     concurrency: int,
 ) -> None:
+    require("server", "this command", PROCESSORS)
     from toolledger import telemetry
     from toolledger.events.log import TopicMissing
     from toolledger.processors.reconciler import Reconciler, collect_tools, reconciler_app
@@ -74,7 +75,7 @@ async def _run(
                 ExitStatus.USAGE,
             )
     stack = await LedgerStack.connect(settings, create_topics=False)
-    reconciler: Reconciler | None = None
+    reconciler = None
     try:
         try:
             partitions = await stack.facts.partition_count()

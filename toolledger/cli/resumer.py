@@ -13,10 +13,12 @@ import logging
 import click
 
 from toolledger.cli.entry import configure_logging, run_worker
+from toolledger.extras import PROCESSORS, require
 from toolledger.processors import DEFAULT_SESSION_TIMEOUT_S
 
 
 async def _run(spec: str, group: str | None, session_timeout: float) -> None:
+    require("server", "this command", PROCESSORS)
     from toolledger.events.log import TopicMissing
     from toolledger.processors.resumer import Resumer, load_hook, resumer_app
     from toolledger.settings import load_settings

@@ -124,6 +124,7 @@ class KafkaLog(EventLog):
         self._identity_wait = identity_wait
         self._connection = dict(connection or {})
         self._metadata: AIOKafkaClient | None = None
+        self._offsets: AIOKafkaConsumer | None = None  # end offsets, for lag; made on first use
         self._producer: AIOKafkaProducer | None = None
         self._topic_seen = False
         self._topic_check = asyncio.Lock()
@@ -161,6 +162,9 @@ class KafkaLog(EventLog):
         self._metadata, self._producer = metadata, producer
 
     async def close(self) -> None:
+        offsets, self._offsets = self._offsets, None
+        if offsets is not None:
+            await offsets.stop()
         producer, metadata = self._producer, self._metadata
         self._producer = self._metadata = None
         if producer is not None:
@@ -228,6 +232,17 @@ class KafkaLog(EventLog):
 
     def reader(self) -> LogReader:
         return KafkaReader(self)
+
+    async def end_offsets(self) -> dict[int, int]:
+        partitions = await self.partition_count()
+        if self._offsets is None:
+            self._offsets = await self._started_consumer("read the end offsets of")
+        wanted = [TopicPartition(self.topic, p) for p in range(partitions)]
+        try:
+            ends = await self._offsets.end_offsets(wanted)
+        except KafkaError as exc:
+            raise LogError(f"cannot read the end offsets of {self.topic}: {exc!r}") from exc
+        return {tp.partition: int(offset) for tp, offset in ends.items()}
 
     async def _send(
         self, key: bytes, value: bytes, headers: Sequence[tuple[str, bytes]], partition: int | None
@@ -389,6 +404,17 @@ class KafkaLog(EventLog):
         }
         return AIOKafkaConsumer(**settings)
 
+    async def _started_consumer(self, doing: str) -> AIOKafkaConsumer:
+        """A started `_consumer()`; one that cannot start is stopped and reported as
+        `LogError("cannot <doing> <topic>: ...")`."""
+        consumer = self._consumer()
+        try:
+            await consumer.start()
+        except KafkaError as exc:
+            await consumer.stop()
+            raise LogError(f"cannot {doing} {self.topic}: {exc!r}") from exc
+        return consumer
+
     def _started(self) -> tuple[AIOKafkaClient, AIOKafkaProducer]:
         if self._metadata is None or self._producer is None:
             raise LogError(f"the KafkaLog of {self.topic} is not started: await start() first")
@@ -495,13 +521,7 @@ class KafkaReader(LogReader):
             self._assigned = False
             return
         if self._consumer is None:
-            consumer = self._log._consumer()
-            try:
-                await consumer.start()
-            except KafkaError as exc:
-                await consumer.stop()
-                raise LogError(f"cannot start a reader of {topic}: {exc!r}") from exc
-            self._consumer = consumer
+            self._consumer = await self._log._started_consumer("start a reader of")
         tps = {p: TopicPartition(topic, p) for p in positions}
         self._consumer.assign(list(tps.values()))
         for partition, offset in positions.items():

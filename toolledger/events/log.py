@@ -338,3 +338,11 @@ class EventLog(ABC):
     @abstractmethod
     def reader(self) -> LogReader:
         """A new reader with no partitions assigned."""
+
+    async def end_offsets(self) -> dict[int, int]:
+        """Each partition's end offset (the next offset to be written), for showing lag only.
+
+        Never used for correctness (docs/architecture.md, "The projector"): some brokers report
+        it inexactly (tansu: the base offset of the last batch, plus one).
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not report end offsets")

@@ -185,6 +185,9 @@ class MemoryLog(EventLog):
     def reader(self) -> LogReader:
         return MemoryReader(self.broker, self.topic)
 
+    async def end_offsets(self) -> dict[int, int]:
+        return {p: len(records) for p, records in enumerate(self._existing().partitions)}
+
     def _existing(self) -> _Topic:
         topic = self.broker._get(self.topic)
         if topic is None:

@@ -21,13 +21,18 @@ import time
 from collections import defaultdict
 from typing import Any
 
-import faust
 from prometheus_client import CollectorRegistry, Gauge
 
+from toolledger.extras import MissingExtra
 from toolledger.processors.app import DEFAULT_SESSION_TIMEOUT_S, processor_app
 from toolledger.processors.app import facts_topic as facts_topic_of
 from toolledger.projections.facts import Fact, facts_in
 from toolledger.settings import Settings
+
+try:
+    import faust
+except ImportError as exc:  # a runtime-only install: say which extra
+    raise MissingExtra("server", "faust", "analytics (a faust processor)") from exc
 
 log = logging.getLogger("toolledger.analytics")
 

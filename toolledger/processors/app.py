@@ -29,12 +29,14 @@ reach a processor. That delays reconciliation; it never changes what is decided.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import faust
-
+from toolledger.extras import MissingExtra
 from toolledger.processors import DEFAULT_SESSION_TIMEOUT_S
 from toolledger.settings import Settings
+
+if TYPE_CHECKING:
+    import faust
 
 __all__ = ["DEFAULT_SESSION_TIMEOUT_S", "processor_app"]
 
@@ -46,15 +48,19 @@ def processor_app(
     partitions: int,
     group: str | None = None,
     session_timeout: float = DEFAULT_SESSION_TIMEOUT_S,
-    replication_factor: int = 1,
+    replication_factor: int | None = None,
     commit_interval: float = 1.0,
 ) -> faust.App:
     """A faust app for the processor `name`, its consumer group and table namespace.
 
     `group` defaults to `<topic_prefix>toolledger.<name>`; processes with the same group share
     the facts partitions between them. `replication_factor` applies to the changelog topics
-    faust creates (3 in production).
+    faust creates (default: `TOOLLEDGER_REPLICATION_FACTOR`, 3 in production).
     """
+    try:
+        import faust
+    except ImportError as exc:
+        raise MissingExtra("server", "faust", f"the {name} (a faust processor)") from exc
     _, bootstrap = settings.require_services()
     app_id = group or f"{settings.topic_prefix}toolledger.{name}"
     options: dict[str, Any] = {
@@ -68,7 +74,7 @@ def processor_app(
         "broker_commit_interval": commit_interval,
         "table_standby_replicas": 0,
         "topic_partitions": partitions,
-        "topic_replication_factor": replication_factor,
+        "topic_replication_factor": replication_factor or settings.replication_factor,
         "topic_disable_leader": True,
         "consumer_auto_offset_reset": "earliest",
         "web_enabled": False,

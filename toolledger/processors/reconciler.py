@@ -49,7 +49,6 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-import faust
 from opentelemetry.context import Context
 from prometheus_client import Counter
 
@@ -58,6 +57,7 @@ from toolledger.events.fold import HistoryEntry
 from toolledger.events.lifecycle import may_still_run
 from toolledger.events.models import utcnow
 from toolledger.events.records import CallRecord, Verdict
+from toolledger.extras import MissingExtra
 from toolledger.modules import ModuleLoadError, import_user_module
 from toolledger.processors.app import DEFAULT_SESSION_TIMEOUT_S, processor_app
 from toolledger.processors.app import facts_topic as facts_topic_of
@@ -70,6 +70,11 @@ from toolledger.runtime.reconcile import ask_hook, finding_for
 from toolledger.runtime.resend import past_window, settle_by_resend, window_passed
 from toolledger.runtime.tools import Tool, Toolset
 from toolledger.settings import Settings
+
+try:
+    import faust
+except ImportError as exc:  # a runtime-only install: say which extra
+    raise MissingExtra("server", "faust", "the reconciler (a faust processor)") from exc
 
 log = logging.getLogger("toolledger.reconciler")
 

@@ -20,15 +20,19 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import faust
-
 from toolledger.events.records import CallRecord, RunRecord
+from toolledger.extras import MissingExtra
 from toolledger.modules import ModuleLoadError, import_user_module
 from toolledger.processors.app import DEFAULT_SESSION_TIMEOUT_S, processor_app
 from toolledger.processors.app import facts_topic as facts_topic_of
 from toolledger.projections.facts import Fact, facts_in
 from toolledger.runtime.pauses import PAUSED, wait_is_over
 from toolledger.settings import Settings
+
+try:
+    import faust
+except ImportError as exc:  # a runtime-only install: say which extra
+    raise MissingExtra("server", "faust", "the resumer (a faust processor)") from exc
 
 log = logging.getLogger("toolledger.resumer")
 

@@ -132,15 +132,20 @@ class LedgerStack:
         verify_keys = VerifyKeys()
         if isinstance(settings, ProjectorSettings):
             verify_keys = settings.require_verify_keys() if run_projector else settings.verify_keys
-        size = settings.max_record_bytes
-        events = KafkaLog(bootstrap, settings.events_topic, max_record_bytes=size)
+        size, replicas = settings.max_record_bytes, settings.replication_factor
+        events = KafkaLog(
+            bootstrap, settings.events_topic, max_record_bytes=size, replication_factor=replicas
+        )
         facts = KafkaLog(
             bootstrap,
             settings.facts_topic,
             max_batch_size=FACTS_BATCH_BYTES,
             max_record_bytes=size,
+            replication_factor=replicas,
         )
-        dlq = KafkaLog(bootstrap, settings.dlq_topic, max_record_bytes=size)
+        dlq = KafkaLog(
+            bootstrap, settings.dlq_topic, max_record_bytes=size, replication_factor=replicas
+        )
         for topic in (events, facts, dlq):
             await topic.start()
         if create_topics:

@@ -243,6 +243,10 @@ def render(
     """Render a page; `signed` adds the header's operator, role and sign-out form."""
     context.setdefault("title", "toolledger console")
     context.setdefault("back", None)
+    # The server's projector, when this process runs one: halted partitions and lag on every page.
+    health = getattr(request.app.state, "projector_health", None)
+    context.setdefault("trouble", health.banner() if health is not None else [])
+    context.setdefault("lag", health.lag() if health is not None else {})
     response = templates.TemplateResponse(
         request, name, {"signed": signed, **context}, status_code=status
     )

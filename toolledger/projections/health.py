@@ -1,0 +1,168 @@
+"""What an operator must see about a running projector: halted partitions and lag.
+
+A halted partition (a record of an unknown schema, an operator event signed with an unknown key
+id) stops that partition's fold until someone deploys what is missing. The projector logs one
+ERROR line when it halts, and once that line scrolled away nothing said so while every call of
+the partition's runs waited. So every process that projects shows the same facts in four
+places, all read from here:
+
+- the periodic status line (`status_line`);
+- `/readyz` (`problems`: 503 while any partition it projects is halted, with the reason);
+- Prometheus gauges, per partition (`PARTITION_HALTED`, `PARTITION_LAG`), refreshed by
+  `ProjectorHealth.refresh`;
+- a banner in the console (`banner`).
+
+Each names the partition, the offset it stopped at and what to deploy: the projector's reason
+already says all three (`toolledger.projections.decoding`).
+
+Lag is the log's end offset minus the projector's next offset, per owned partition. End offsets
+are read only for this (never for correctness) every `interval` seconds by `ProjectorHealth.run`
+and cached, so a scrape or a probe costs no request to Kafka; against the development broker
+they can be slightly off (docs/architecture.md, "Services").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+
+from prometheus_client import Gauge
+
+from toolledger.events.log import EventLog, LogError
+from toolledger.projections.projector import Projector
+
+log = logging.getLogger("toolledger.projector")
+
+PARTITION_HALTED = Gauge(
+    "toolledger_projector_partition_halted",
+    "1 while this process's projector has halted the partition (an unknown schema or key id: "
+    "deploy what its log line names), else 0.",
+    ["partition"],
+)
+PARTITION_LAG = Gauge(
+    "toolledger_projector_partition_lag_records",
+    "Records of the events topic this process's projector has not folded yet, per owned "
+    "partition (the log's end offset minus the projector's next offset).",
+    ["partition"],
+)
+
+#: Seconds between two reads of the log's end offsets.
+LAG_INTERVAL_S = 5.0
+
+
+@dataclass(frozen=True)
+class Halted:
+    """A partition the projector stopped folding, where, and why (with what to deploy)."""
+
+    partition: int
+    offset: int
+    reason: str
+
+
+def halted(projector: Projector) -> list[Halted]:
+    """The projector's halted partitions, by partition, each at the offset it stopped before."""
+    owned = projector.owned
+    return [
+        Halted(partition, owned.get(partition, -1), reason)
+        for partition, reason in sorted(projector.stats.halted.items())
+    ]
+
+
+def problems(projector: Projector) -> list[str]:
+    """Why a process running `projector` is not ready: one sentence per halted partition."""
+    return [
+        f"partition {h.partition} is halted at offset {h.offset}: {h.reason}"
+        for h in halted(projector)
+    ]
+
+
+def lag_checks(health: ProjectorHealth) -> dict[str, str]:
+    """The lag per partition as `/readyz` reports it beside its other checks."""
+    return {f"lag_partition_{p}": str(n) for p, n in health.lag().items()}
+
+
+class ProjectorHealth:
+    """The lag of one projector's partitions, read every `interval` s, and the gauges."""
+
+    def __init__(
+        self, projector: Projector, log: EventLog, interval: float = LAG_INTERVAL_S
+    ) -> None:
+        self.projector = projector
+        self.log = log
+        self.interval = interval
+        self._ends: dict[int, int] = {}
+        self._shown: set[int] = set()
+
+    def lag(self) -> dict[int, int]:
+        """Records behind the log's end per owned partition (as of the last read; none before)."""
+        return {
+            partition: max(0, self._ends[partition] - offset)
+            for partition, offset in sorted(self.projector.owned.items())
+            if partition in self._ends
+        }
+
+    async def refresh(self) -> None:
+        """Read the end offsets once and set the gauges; a broker that does not answer leaves the
+        last figures (the projector reports the broker itself)."""
+        with contextlib.suppress(LogError, NotImplementedError):
+            self._ends = await self.log.end_offsets()
+        self.update_gauges()
+
+    def update_gauges(self) -> None:
+        stopped = self.projector.stats.halted
+        lag = self.lag()
+        shown = set(self.projector.owned) | set(stopped)
+        for partition in self._shown - shown:  # released partitions are someone else's now
+            PARTITION_HALTED.remove(str(partition))
+            with contextlib.suppress(KeyError):
+                PARTITION_LAG.remove(str(partition))
+        for partition in sorted(shown):
+            PARTITION_HALTED.labels(str(partition)).set(1 if partition in stopped else 0)
+            if partition in lag:
+                PARTITION_LAG.labels(str(partition)).set(lag[partition])
+        self._shown = shown
+
+    async def run(self) -> None:
+        """`refresh` every `interval` seconds, until cancelled."""
+        while True:
+            await self.refresh()
+            await asyncio.sleep(self.interval)
+
+    def status_line(self) -> str:
+        """The projector's periodic log line: what it owns and applied, its lag per partition,
+        and each halted partition with its offset and what to deploy."""
+        projector = self.projector
+        stats = projector.stats
+        line = (
+            f"owns {sorted(projector.owned)}; applied {stats.applied} events in {stats.batches} "
+            f"batches; {stats.dead_letters} dead letters; {stats.conflicts} conflicts"
+        )
+        lag = self.lag()
+        if lag:
+            line += "; lag " + ", ".join(f"p{p}={n}" for p, n in lag.items())
+        for stop in halted(projector):
+            line += f"; HALTED partition {stop.partition} at offset {stop.offset}: {stop.reason}"
+        return line
+
+    def banner(self) -> list[str]:
+        """The console's banner lines: empty while nothing is halted."""
+        return problems(self.projector)
+
+
+async def log_status(health: ProjectorHealth, task: asyncio.Task[None], every: float) -> None:
+    """Keep the lag fresh and log `status_line` every `every` seconds (at WARNING while a
+    partition is halted) until the projector's `task` ends; then re-raise what ended it."""
+    lag = asyncio.create_task(health.run(), name="toolledger-projector-health")
+    try:
+        while not task.done():
+            await asyncio.wait({task}, timeout=every)
+            if not task.done():
+                level = logging.WARNING if health.projector.stats.halted else logging.INFO
+                log.log(level, "%s", health.status_line())
+    finally:
+        lag.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await lag
+    task.result()
