@@ -63,7 +63,7 @@ class _Samples:
 async def measure(scratch: Scratch, *, samples: int, repeat: int) -> list[Row]:
     schema = scratch.schema("leader")
     topics = scratch.topics("leader")
-    settings = scratch.settings(schema, topics, partitions=PARTITIONS)
+    settings = scratch.settings(schema, topics, partitions=PARTITIONS, leader="auto")
     home = Path(tempfile.mkdtemp(prefix="toolledger-bench-"))
     stack = await LedgerStack.connect(settings)
     port = leader_port(StackPort(stack), settings)

@@ -86,13 +86,14 @@ from toolledger.events.models import (
 from toolledger.events.records import CallRecord
 
 
-@pytest.fixture(autouse=True)
-def _reset() -> None:
-    reset()
-
-
 class RuntimeScenarios:
     """Every scenario, against whatever ledger the subclass's `harness` fixture provides."""
+
+    @pytest.fixture(autouse=True)
+    def _reset(self) -> None:
+        """Each scenario counts its own tool runs: a subclass in another module (the leader's)
+        once counted the previous scenario's credit as a second run of its own."""
+        reset()
 
     async def crash_after_tool(self, h: Harness, tool: Tool[Any, Any], call_id: str) -> None:
         """Make another runtime run `tool` for r1:`call_id` and die before recording it."""
