@@ -11,7 +11,10 @@ Choices that follow from the design (docs/architecture.md, "The projector" and "
 - Readers assign partitions and seek; they have no consumer group, commit nothing and never reset
   an offset on their own (`auto_offset_reset="none"`): the projector keeps its offsets in
   PostgreSQL. Their fetches return after a few milliseconds because tansu does not wake a parked
-  fetch when data arrives.
+  fetch when data arrives; a reader that finds nothing backs off to `idle_bound` seconds
+  between fetches, and a hint (`LogReader.wake`) brings it back at once
+  (`toolledger.events.kafka_idle`). Every append calls `on_appended` with its position, which
+  is how the wiring hints the projector that owns the partition.
 - Readers hand out each partition's records without holes (`Contiguous`): toolledger's topics
   are neither compacted nor written with transactions, so their offsets are contiguous, but
   tansu makes a record readable a few milliseconds after records appended after it by other
@@ -31,7 +34,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -46,6 +49,7 @@ from aiokafka.errors import (
 from aiokafka.errors import RecordTooLargeError as BrokerRecordTooLarge
 from aiokafka.protocol.metadata import MetadataRequest
 
+from toolledger.events.kafka_idle import IdleConsumer
 from toolledger.events.log import (
     DEFAULT_MAX_RECORD_BYTES,
     EPOCH_MARKER_KEY,
@@ -63,6 +67,7 @@ from toolledger.events.log import (
     identity_from_offset_zero,
     record_size,
 )
+from toolledger.events.pacing import BOUND_S, IdleBackoff
 
 _log = logging.getLogger(__name__)
 
@@ -93,7 +98,11 @@ class KafkaLog(EventLog):
     `RecordTooLarge` before it is sent (the broker's `message.max.bytes` must be at least as
     large; a broker refusing one is reported the same way). `hole_patience` is how long a
     reader waits for a missing offset while later ones are readable (`Contiguous`).
+    `idle_bound` is the longest an idle reader waits between fetches (0: it never backs off).
     """
+
+    #: Called with the position of every record this log appended (the wiring's hint).
+    on_appended: Callable[[Position], None] | None = None
 
     def __init__(
         self,
@@ -110,8 +119,10 @@ class KafkaLog(EventLog):
         connection: Mapping[str, Any] | None = None,
         max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
         hole_patience: float = 5.0,
+        idle_bound: float = BOUND_S,
     ) -> None:
         self.topic = topic
+        self.idle_bound = idle_bound
         self.hole_patience = hole_patience
         self.max_record_bytes = max_record_bytes
         self._bootstrap = bootstrap
@@ -228,7 +239,10 @@ class KafkaLog(EventLog):
                 if not self._topic_seen:
                     await self.partition_count()
                     self._topic_seen = True
-        return await self._send(key.encode(), value, headers, None)
+        position = await self._send(key.encode(), value, headers, None)
+        if self.on_appended is not None:
+            self.on_appended(position)
+        return position
 
     def reader(self) -> LogReader:
         return KafkaReader(self)
@@ -500,9 +514,19 @@ class KafkaReader(LogReader):
 
     def __init__(self, log: KafkaLog) -> None:
         self._log = log
-        self._consumer: AIOKafkaConsumer | None = None
+        self._consumer: IdleConsumer | None = None
         self._assigned = False
         self._contiguous = Contiguous(log.hole_patience)
+        self.backoff = IdleBackoff(log.idle_bound)
+
+    def wake(self) -> None:
+        if self._consumer is not None:
+            self._consumer.wake()
+
+    @property
+    def waits(self) -> int:
+        """Fetches this reader's consumer let through after an idle wait (for tests)."""
+        return 0 if self._consumer is None else self._consumer.waits
 
     async def assign(self, positions: Mapping[int, int]) -> None:
         topic = self._log.topic
@@ -521,11 +545,13 @@ class KafkaReader(LogReader):
             self._assigned = False
             return
         if self._consumer is None:
-            self._consumer = await self._log._started_consumer("start a reader of")
+            consumer = await self._log._started_consumer("start a reader of")
+            self._consumer = IdleConsumer(consumer, self.backoff)
         tps = {p: TopicPartition(topic, p) for p in positions}
-        self._consumer.assign(list(tps.values()))
+        self._consumer.consumer.assign(list(tps.values()))
         for partition, offset in positions.items():
-            self._consumer.seek(tps[partition], offset)
+            self._consumer.consumer.seek(tps[partition], offset)
+        self._consumer.restart()
         self._contiguous.start(positions)
         self._assigned = bool(tps)
 
@@ -550,7 +576,7 @@ class KafkaReader(LogReader):
         for tp, records in batch.items():
             kept, again = self._contiguous.take(tp.partition, [_record(r) for r in records], now)
             if again is not None:
-                self._consumer.seek(tp, again)
+                self._consumer.consumer.seek(tp, again)
                 cut = True
             if kept:
                 out[tp.partition] = kept
@@ -561,4 +587,4 @@ class KafkaReader(LogReader):
     async def close(self) -> None:
         consumer, self._consumer = self._consumer, None
         if consumer is not None:
-            await consumer.stop()
+            await consumer.consumer.stop()
