@@ -1,7 +1,7 @@
 """Idle CPU of a quiet stack: what a runtime, a projector and the broker burn doing nothing.
 
     python -m benchmarks --only idle [--repeat 3] [--idle-baseline REV]
-    python -m benchmarks.idle_cpu [--repeat 3] [--seconds 10] [--baseline REV]
+    python -m benchmarks.idle_cpu [--repeat 3] [--seconds 10] [--calls 5] [--baseline REV]
 
 A stack that waits for its next tool call should cost next to nothing: an agent spends most of
 its life waiting for a model. Each repetition starts, on a fresh schema and topics, a
@@ -13,6 +13,11 @@ listening on the bootstrap port; only a broker on this machine can be counted). 
 own CPU with nobody connected is measured first, for reference. Against the goal, 30 ms of CPU
 per second of wall time for the three together (issue 25), each runtime placement: the direct
 path (`TOOLLEDGER_LEADER=off`, the default) and the fast path (`auto`).
+
+Quiet must not mean slow to wake: after the measurement the runtime makes `--calls` calls of a
+no-op tool, each after `IDLE_PAUSE_S` of silence (long enough for every reader to have backed
+off to its bound), and the p50 of their time is the "call after an idle spell" row. On the
+direct path it is the append hint's trip that keeps it fast (`toolledger.projections.hints`).
 
 CPU time rather than wall time, because the machine is shared: other work slows these processes
 down but does not make them burn more cycles. With `--baseline REV` the same processes run on
@@ -33,7 +38,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -47,6 +52,9 @@ GOAL_MS_PER_S = 30.0
 SECONDS = 10.0
 #: Seconds between the runtime's last call and the measurement: the readers back off meanwhile.
 SETTLE_S = 5.0
+#: Seconds of silence before each call of the "call after an idle spell" row.
+IDLE_PAUSE_S = 2.0
+CALLS = 5
 STARTUP_TIMEOUT = 60.0
 PARTITIONS = 4
 PROCESSES = ("runtime", "projector", "broker")
@@ -108,7 +116,7 @@ async def _start(
             *argv,
             env={**os.environ, **env, "PYTHONPATH": os.pathsep.join(path)},
             cwd=tree.path or ROOT,  # `-m` puts the cwd first on the path
-            stdin=asyncio.subprocess.DEVNULL,
+            stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=out,
             start_new_session=True,
@@ -129,10 +137,37 @@ async def _ready(proc: asyncio.subprocess.Process, tree: Tree, log: Path) -> Non
         raise RuntimeError(f"the idle runtime imported toolledger from {where}, not {tree.name}")
 
 
+async def _calls_after_pauses(runtime: asyncio.subprocess.Process, calls: int) -> list[float]:
+    """Ask the runtime child for `calls` calls, each after `IDLE_PAUSE_S` of silence; their
+    times in ms."""
+    assert runtime.stdin is not None and runtime.stdout is not None
+    times: list[float] = []
+    for _ in range(calls):
+        runtime.stdin.write(f"{IDLE_PAUSE_S}\n".encode())
+        await runtime.stdin.drain()
+        line = await asyncio.wait_for(runtime.stdout.readline(), IDLE_PAUSE_S + STARTUP_TIMEOUT)
+        times.append(float(json.loads(line)["ms"]))
+    return times
+
+
+@dataclass(frozen=True)
+class Quiet:
+    """What one quiet stack measured: each process's CPU in ms/s, and its calls after pauses."""
+
+    cpu: dict[str, float]
+    calls_ms: list[float]
+
+
 async def measure_once(
-    scratch: Scratch, tree: Tree, placement: Placement, seconds: float, broker: int | None
-) -> dict[str, float]:
-    """One quiet stack on `tree`'s package: each process's CPU in ms/s over `seconds`."""
+    scratch: Scratch,
+    tree: Tree,
+    placement: Placement,
+    seconds: float,
+    broker: int | None,
+    calls: int,
+) -> Quiet:
+    """One quiet stack on `tree`'s package: each process's CPU over `seconds`, then `calls`
+    calls after idle spells."""
     label = "idle" + ("fast" if placement == "fast path" else "direct")
     schema = scratch.schema(label)
     topics = scratch.topics(f"{label}{next(_STACKS)}")
@@ -154,7 +189,8 @@ async def measure_once(
         pids = {"runtime": runtime.pid, "projector": projector.pid}
         if broker is not None:
             pids["broker"] = broker
-        return await cpu_rates(pids, seconds)
+        cpu = await cpu_rates(pids, seconds)
+        return Quiet(cpu, await _calls_after_pauses(runtime, calls))
     finally:
         for proc in reversed(procs):
             await stop_process(proc)
@@ -168,9 +204,10 @@ async def measure(
     seconds: float = SECONDS,
     baseline: str | None = None,
     placements: Sequence[Placement] = PLACEMENTS,
+    calls: int = CALLS,
 ) -> list[Row]:
-    """Rows per placement: the three processes together against the goal, and each process
-    (against the baseline's figure when `baseline` is given)."""
+    """Rows per placement: the three processes together against the goal, each process, and
+    a call after an idle spell (against the baseline's figures when `baseline` is given)."""
     broker = broker_pid(scratch.services.kafka_bootstrap)
     alone = None
     if broker is not None:
@@ -180,49 +217,74 @@ async def measure(
         trees = [Tree("this tree", None)]
         if baseline is not None:
             trees.insert(0, Tree(baseline, export_tree(baseline, Path(tmp))))
-        found: dict[tuple[str, Placement], list[dict[str, float]]] = {}
+        found: dict[tuple[str, Placement], list[Quiet]] = {}
         for rep in range(repeat):
             order = trees if rep % 2 == 0 else list(reversed(trees))
             for placement in placements:
                 for tree in order:
-                    rates = await measure_once(scratch, tree, placement, seconds, broker)
-                    found.setdefault((tree.name, placement), []).append(rates)
-                    shown = ", ".join(f"{n} {v:.1f}" for n, v in rates.items())
-                    say(f"  idle ({placement}, {tree.name}) {rep + 1}/{repeat}: {shown} ms/s")
+                    quiet = await measure_once(scratch, tree, placement, seconds, broker, calls)
+                    found.setdefault((tree.name, placement), []).append(quiet)
+                    shown = ", ".join(f"{n} {v:.1f}" for n, v in quiet.cpu.items())
+                    after = median(quiet.calls_ms)
+                    say(
+                        f"  idle ({placement}, {tree.name}) {rep + 1}/{repeat}: {shown} ms/s; "
+                        f"a call after {IDLE_PAUSE_S:g} s idle {after:.1f} ms (p50)"
+                    )
     return _rows(found, trees, placements, seconds, alone)
 
 
 def _rows(
-    found: dict[tuple[str, Placement], list[dict[str, float]]],
+    found: dict[tuple[str, Placement], list[Quiet]],
     trees: list[Tree],
     placements: Sequence[Placement],
     seconds: float,
     alone: float | None,
 ) -> list[Row]:
+    """Per placement and tree: the total against the goal, then each process and the call
+    after an idle spell, this tree's against the baseline's (the first tree) when there is one."""
     rows: list[Row] = []
     counted = [p for p in PROCESSES if p != "broker" or alone is not None]
+
+    def figures(tree: Tree, placement: Placement) -> dict[str, float]:
+        reps = found[(tree.name, placement)]
+        out = {p: median([q.cpu[p] for q in reps]) for p in counted}
+        out["all"] = median([sum(q.cpu[p] for p in counted) for q in reps])
+        out["call"] = median([t for q in reps for t in q.calls_ms])
+        return out
+
     for placement in placements:
+        base = figures(trees[0], placement) if len(trees) > 1 else None
         for tree in trees:
-            reps = found[(tree.name, placement)]
-            each = {p: median([r[p] for r in reps]) for p in counted}
-            total = median([sum(r[p] for p in counted) for r in reps])
+            got = figures(tree, placement)
+            against = base if tree.path is None else None
             name = f"idle CPU ({placement})" + ("" if tree.path is None else f" at {tree.name}")
+            split = ", ".join(f"{p} {got[p]:.1f}" for p in counted)
             note = (
                 f"{' + '.join(counted)}, ms of CPU per s of wall time over {seconds:g} s, "
-                f"median of {len(reps)}; split "
-                + ", ".join(f"{p} {v:.1f}" for p, v in each.items())
+                f"median of {len(found[(tree.name, placement)])}; split {split}"
             )
-            if alone is not None:
-                note += f"; the broker alone, nobody connected: {alone:.1f}"
+            if base is not None and against is not None:
+                note += f"; {trees[0].name}: {base['all']:.1f}"
             if alone is None:
                 note += "; the broker is not on this machine, so it is not counted"
-            rows.append(Row(name, "all", total, "ms/s", GOAL_MS_PER_S, "goal", "<= 30", note))
-            base = None if tree.path is None or len(trees) == 1 else tree.name
-            for p, value in each.items():
-                floor: float | None = None
-                if base is None and len(trees) > 1:
-                    floor = median([r[p] for r in found[(trees[0].name, placement)]])
-                rows.append(Row(name, p, value, "ms/s", floor, trees[0].name if floor else ""))
+            else:
+                note += f"; the broker alone, nobody connected: {alone:.1f}"
+            rows.append(Row(name, "all", got["all"], "ms/s", GOAL_MS_PER_S, "goal", "<= 30", note))
+            label = trees[0].name if against is not None else ""
+            for p in counted:
+                floor = None if against is None else against[p]
+                rows.append(Row(name, p, got[p], "ms/s", floor, label))
+            rows.append(
+                Row(
+                    name,
+                    f"call after {IDLE_PAUSE_S:g} s idle, p50",
+                    got["call"],
+                    "ms",
+                    None if against is None else against["call"],
+                    label,
+                    note="a no-op tool's `Ledger.call`, each after a pause; median of every call",
+                )
+            )
     return rows
 
 
@@ -236,19 +298,37 @@ async def _runtime_child() -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    try:
+    calls = itertools.count()
+
+    async def call() -> None:
+        n = next(calls)
+        run_id = f"idle-{os.getpid()}-{n}"
         await ledger.call(
-            noop,
-            run_id=f"idle-{os.getpid()}",
-            tool_call_id="c1",
-            tenant_id="bench",
-            arguments={"n": 1},
+            noop, run_id=run_id, tool_call_id="c1", tenant_id="bench", arguments={"n": n}
         )
+
+    try:
+        await call()
         await ledger.wait_background(10)
         print(json.dumps({"from": toolledger.__file__}), flush=True)
+        asked = asyncio.ensure_future(_serve_calls(call))
         await stop.wait()
+        asked.cancel()
     finally:
         await ledger.close()
+
+
+async def _serve_calls(call: Callable[[], Awaitable[None]]) -> None:
+    """The runtime child's side of `_calls_after_pauses`: a pause in seconds per stdin line,
+    then one call, its time in ms on stdout."""
+    reader = asyncio.StreamReader()
+    loop = asyncio.get_running_loop()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    while line := await reader.readline():
+        await asyncio.sleep(float(line))
+        started = time.perf_counter()
+        await call()
+        print(json.dumps({"ms": (time.perf_counter() - started) * 1000}), flush=True)
 
 
 async def _standalone(args: argparse.Namespace) -> list[Row]:
@@ -256,7 +336,11 @@ async def _standalone(args: argparse.Namespace) -> list[Row]:
         scratch = Scratch(found)
         try:
             return await measure(
-                scratch, repeat=args.repeat, seconds=args.seconds, baseline=args.baseline
+                scratch,
+                repeat=args.repeat,
+                seconds=args.seconds,
+                baseline=args.baseline,
+                calls=args.calls,
             )
         finally:
             await scratch.cleanup()
@@ -266,6 +350,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.idle_cpu", description=__doc__)
     parser.add_argument("--repeat", type=int, default=3, help="repetitions (medians reported)")
     parser.add_argument("--seconds", type=float, default=SECONDS, help="wall time measured")
+    parser.add_argument("--calls", type=int, default=CALLS, help="calls after an idle spell")
     parser.add_argument("--baseline", help="a git revision to compare this tree with")
     parser.add_argument("--runtime", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

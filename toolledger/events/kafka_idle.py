@@ -29,7 +29,7 @@ from toolledger.events.pacing import IdleBackoff
 #: A fetch after a wait gets at least this many ms, enough for the broker to answer one fetch
 #: sent when the partitions resume (its parked wait included): the records that were waited for
 #: arrive in this fetch, not in the one after the next wait.
-RESUMED_WAIT_MS = 20
+RESUMED_WAIT_MS = 10
 
 
 class IdleConsumer:
