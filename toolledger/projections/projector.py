@@ -17,6 +17,10 @@ transaction as the offset move.
 
 Each batch's transaction is a span, and a reservation carrying a trace context gets one in the
 call's trace (`toolledger.projections.tracing`).
+
+While nothing arrives its reader backs off to the idle bound between fetches, and `wake` (an
+append hint, `toolledger.projections.hints`) ends the wait at once; so an idle projector's loop
+turns a few times a second, and its ownership checks with it.
 """
 
 from __future__ import annotations

@@ -122,10 +122,11 @@ class LedgerStack:
         create_topics: bool = True,
         listen: bool = True,
     ) -> LedgerStack:
-        """The stack against Kafka and PostgreSQL. `listen=False` opens no LISTEN connection:
-        for a process that never waits for a verdict (`toolledger projector`), whose every
-        notification would otherwise come back to it as a wake-up for nothing; its waiter
-        still polls, should anything wait after all."""
+        """The stack against Kafka and PostgreSQL. `listen=False` opens no LISTEN connection
+        for verdicts: for a process that never waits for a verdict (`toolledger projector`),
+        whose every notification would otherwise come back to it as a wake-up for nothing; its
+        waiter still polls, should anything wait after all. A stack that runs a projector
+        listens for append hints either way (`toolledger.projections.hints`)."""
         from toolledger.events.kafka import KafkaLog
         from toolledger.projections.ownership import PostgresPartitionLocks
         from toolledger.projections.postgres import PostgresLedger
