@@ -136,6 +136,9 @@ class KafkaLog(EventLog):
         self._connection = dict(connection or {})
         self._metadata: AIOKafkaClient | None = None
         self._offsets: AIOKafkaConsumer | None = None  # end offsets, for lag; made on first use
+        #: Reads offset 0 for `identity`: made on first use, kept paused between checks.
+        self._identity_reader: AIOKafkaConsumer | None = None
+        self._identity_lock = asyncio.Lock()
         self._producer: AIOKafkaProducer | None = None
         self._topic_seen = False
         self._topic_check = asyncio.Lock()
@@ -176,6 +179,7 @@ class KafkaLog(EventLog):
         offsets, self._offsets = self._offsets, None
         if offsets is not None:
             await offsets.stop()
+        await self._drop_identity_reader()
         producer, metadata = self._producer, self._metadata
         self._producer = self._metadata = None
         if producer is not None:
@@ -349,18 +353,52 @@ class KafkaLog(EventLog):
         markers within milliseconds). One that did not answer, or holds records that are slow
         to come, is waited for up to the request timeout and then raises a retriable
         `LogError`: a slow broker is not a lost log.
+
+        The consumer is kept between checks with every partition paused, so it fetches
+        nothing meanwhile: a projector checks every `TOOLLEDGER_IDENTITY_CHECK_S`, and starting
+        and stopping a consumer each time was most of an idle projector's CPU once its reader
+        backed off. Each check assigns afresh (no state of the last one survives it); a broker
+        error drops the consumer, and the next check makes a new one.
         """
-        # Only the first record of each partition is wanted, so every fetch is capped in total
-        # as well as per partition: tansu honours only the total cap (default 50 MB), and without
-        # it each identity check shipped and decoded the whole topic, a cost that grew with the
-        # log until a long drill's runtimes and projectors starved the broker.
-        consumer = self._consumer(
-            max_partition_fetch_bytes=IDENTITY_FETCH_BYTES, fetch_max_bytes=IDENTITY_FETCH_BYTES
-        )
+        async with self._identity_lock:
+            consumer = self._identity_reader
+            if consumer is None:
+                # Only the first record of each partition is wanted, so every fetch is capped in
+                # total as well as per partition: tansu honours only the total cap (default
+                # 50 MB), and without it each identity check shipped and decoded the whole topic,
+                # a cost that grew with the log until a long drill's runtimes and projectors
+                # starved the broker.
+                consumer = self._consumer(
+                    max_partition_fetch_bytes=IDENTITY_FETCH_BYTES,
+                    fetch_max_bytes=IDENTITY_FETCH_BYTES,
+                )
+                try:
+                    await consumer.start()
+                except KafkaError as exc:
+                    await consumer.stop()
+                    raise LogError(f"cannot read offset 0 of {self.topic}: {exc!r}") from exc
+                self._identity_reader = consumer
+            try:
+                return await self._read_offset_zero(consumer, partitions)
+            except LogError:
+                await self._drop_identity_reader()
+                raise
+            finally:
+                if self._identity_reader is not None:
+                    consumer.pause(*consumer.assignment())
+
+    async def _drop_identity_reader(self) -> None:
+        consumer, self._identity_reader = self._identity_reader, None
+        if consumer is not None:
+            await consumer.stop()
+
+    async def _read_offset_zero(
+        self, consumer: AIOKafkaConsumer, partitions: int
+    ) -> dict[int, LogRecord | None]:
+        """`_first_records` on a started consumer."""
         first: dict[int, LogRecord | None] = dict.fromkeys(range(partitions))
         unread: list[int] = []
         try:
-            await consumer.start()
             tps = [TopicPartition(self.topic, p) for p in range(partitions)]
             consumer.assign(tps)
             for tp in tps:
@@ -394,8 +432,6 @@ class KafkaLog(EventLog):
             ) from exc
         except KafkaError as exc:
             raise LogError(f"cannot read offset 0 of {self.topic}: {exc!r}") from exc
-        finally:
-            await consumer.stop()
         if unread:
             raise LogError(
                 f"offset 0 of {self.topic} partitions {unread} did not arrive within "
