@@ -12,8 +12,9 @@ which only says "look now"; so is every verdict from a projector older than this
 Arrival is never trusted: every pending event_id is re-read from `verdicts` on such a hint,
 after the listener reconnects, and every 50 ms regardless while anything is pending, so a lost
 notification or a killed LISTEN connection costs at most one poll interval, never a verdict; a
-waiter with nothing pending sleeps until something is (idle means idle). One LISTEN connection
-serves every waiter of the process; one query reads all pending event_ids at once.
+waiter that had nothing pending for a second stops ticking until something is (idle means
+idle). One LISTEN connection serves every waiter of the process; one query reads all pending
+event_ids at once.
 
 A command registers its event_id (`expect`) before appending the event, so no notification for
 it can arrive before its waiter: its wait then needs no read of its own, and under load the
@@ -41,6 +42,9 @@ from toolledger.runtime.port import LedgerUnavailable
 log = logging.getLogger("toolledger.verdicts")
 
 POLL_INTERVAL = 0.05
+#: Ticks with nothing pending before the waiter stops ticking (a second): calls that come
+#: closer together than that find it ticking, as it always did, instead of waking it each.
+QUIET_TICKS = 20
 #: PostgreSQL's bound on a notification payload: it must be shorter than this many bytes.
 NOTIFY_PAYLOAD_LIMIT = 8000
 
@@ -60,7 +64,7 @@ class VerdictWaiter:
         self._poll_interval = poll_interval
         self._pending: dict[uuid.UUID, list[asyncio.Future[Verdict]]] = {}
         self._wake = asyncio.Event()
-        self._armed = asyncio.Event()  # set when something becomes pending
+        self._armed = asyncio.Event()  # set when something becomes pending (wakes a quiet loop)
         self._task: asyncio.Task[None] | None = None
         self.polls = 0
 
@@ -137,10 +141,13 @@ class VerdictWaiter:
             self.discard(event_id, fut)
 
     async def _loop(self) -> None:
+        quiet = 0  # ticks in a row with nothing pending
         while True:
-            if not self._pending:  # nothing to look for: no tick until something is pending
+            quiet = 0 if self._pending else quiet + 1
+            if quiet > QUIET_TICKS:  # nothing to look for: no tick until something is pending
                 self._armed.clear()
                 await self._armed.wait()
+                quiet = 0
             # asyncio.timeout, not wait_for: no task per wake-up, so a hint reaches the read
             # below in the loop's next turn.
             with contextlib.suppress(TimeoutError):
