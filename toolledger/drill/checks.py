@@ -26,6 +26,7 @@ from toolledger.drill.billing import Effect
 from toolledger.drill.killpoints import KILL_KINDS
 from toolledger.drill.model import memo, step_of
 from toolledger.drill.operator import ListingChecks
+from toolledger.drill.verdicts import Heard
 from toolledger.events.fold import HistoryEntry
 from toolledger.events.records import UNSETTLED, CallRecord
 from toolledger.projections.store import LedgerSnapshot
@@ -83,6 +84,8 @@ class Evidence:
     zombies: int = 0
     zombies_stood_down: int = 0
     identity_stops: list[str] = field(default_factory=list)
+    #: Every verdict a runtime worker heard (`toolledger.drill.verdicts`).
+    heard: list[Heard] = field(default_factory=list)
 
 
 @dataclass
@@ -104,6 +107,8 @@ class Tally:
     #: "operator", or "late runtime" (its own runtime, after an unknown was recorded).
     settled: Counter[str] = field(default_factory=Counter)
     unsettled: int = 0
+    #: Verdicts the runtimes heard, by the path that answered them ("leader", "direct").
+    heard: Counter[str] = field(default_factory=Counter)
 
 
 def judge(ev: Evidence) -> tuple[list[Check], Tally]:
@@ -157,6 +162,7 @@ def _tally(
     by_step: Mapping[str, list[Effect]],
 ) -> Tally:
     tally = Tally(keys=len(calls), effects=len(ev.effects))
+    tally.heard = Counter(h.via for h in ev.heard)
     tally.requests = sum(sum(c.values()) for c in ev.requests.values())
     tally.refused = sum(c["refused"] for c in ev.requests.values())
     tally.duplicates = sum(len(e) - 1 for e in by_key.values() if len(e) > 1) + sum(

@@ -23,6 +23,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from toolledger.api.service import OperatorService
 from toolledger.devstack import Services, remove_namespace
@@ -38,6 +39,7 @@ from toolledger.drill.procs import Procs
 from toolledger.drill.reset import broker_reset
 from toolledger.drill.services import DrillServices, open_services
 from toolledger.drill.tools import BILLING_ENV
+from toolledger.drill.verdicts import read_heard
 from toolledger.drill.verify import refold_log
 from toolledger.events.log import partition_for
 from toolledger.events.models import RunStarted, utcnow
@@ -62,6 +64,9 @@ class DrillConfig:
     spares: int = 2
     runs_per_worker: int = 8
     partitions: int = 4
+    #: The runtimes' path (`TOOLLEDGER_LEADER`): `auto`, the leader fast path (the projectors'
+    #: leaders answer, so projector kills and zombies are leader kills and zombies), or `off`.
+    leader: Literal["auto", "off"] = "auto"
     external_share: float = 0.15
     double_drive_rate: float = 0.05
     dup_rate: float = 0.01
@@ -180,6 +185,7 @@ class _Drill:
             "TOOLLEDGER_TOPIC_PREFIX": self.prefix,
             "TOOLLEDGER_PARTITIONS": str(config.partitions),
             "TOOLLEDGER_VERIFY_KEYS": self.signer.public_setting(),
+            "TOOLLEDGER_LEADER": config.leader,
             BILLING_ENV: str(home / "billing.db"),
         }
         self.report = DrillReport(config, home, self.schema, self.prefix)
@@ -352,6 +358,7 @@ class _Drill:
             zombies=chaos.tally.zombies,
             zombies_stood_down=chaos.tally.zombies_stood_down,
             identity_stops=chaos.tally.identity_stops,
+            heard=read_heard(dispatcher.verdicts),
         )
         self.report.checks, self.report.tally = judge(evidence)
         self.report.dispatch = dispatch
