@@ -21,6 +21,7 @@ import json
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from toolledger.drill.billing import Effect
 from toolledger.drill.killpoints import KILL_KINDS
@@ -49,6 +50,8 @@ class Refold:
     replay_digest: str
     events: int
     differences: list[str]
+    #: The re-fold's verdict (`verdicts.verdict_form`) of each event_id a runtime heard.
+    verdicts: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     @property
     def identical(self) -> bool:
@@ -131,6 +134,7 @@ def judge(ev: Evidence) -> tuple[list[Check], Tally]:
         _effects_match_the_ledger(calls, by_key, in_flight_ok=ev.timed_out),
         _unsettled_listed(ev),
         _refold(ev.refold),
+        _heard_verdicts_are_the_logs(ev.heard, ev.refold.verdicts),
         _poison(ev),
         _kills(ev),
         Check(
@@ -383,6 +387,36 @@ def _refold(refold: Refold) -> Check:
         f"{refold.differences[:5]}"
     )
     return Check("the ledger equals a re-fold of the log", refold.identical, detail)
+
+
+def _heard_verdicts_are_the_logs(
+    heard: list[Heard], refolded: Mapping[str, Mapping[str, Any]]
+) -> Check:
+    """Every verdict a runtime acted on is the one the log's re-fold reaches for its event_id.
+
+    A leader answers from memory before anything is committed, a zombie leader may answer after
+    it was superseded, and a resend may be answered twice: any of them telling a runtime what
+    the log does not say is a lie the ledger itself cannot show, because the projection only
+    holds what was committed. Only the runtime's own record of what it heard can.
+    """
+    problems = []
+    for h in heard:
+        found = refolded.get(h.event_id)
+        if found is None:
+            problems.append(f"{h.event_id} ({h.form.get('event_type')}): the log has no verdict")
+            continue
+        fields = sorted(k for k in h.form.keys() | found.keys() if h.form.get(k) != found.get(k))
+        if fields:
+            told = ", ".join(f"{k} {h.form.get(k)!r} != {found.get(k)!r}" for k in fields)
+            problems.append(f"{h.event_id} ({h.form.get('event_type')}, {h.via}): {told}")
+    by_path = Counter(h.via for h in heard)
+    detail = (
+        f"{len(heard)} verdicts heard ({by_path['leader']} from leaders, {by_path['direct']} "
+        "direct), each the re-fold's for its event_id"
+    )
+    if problems:
+        detail = f"{len(problems)} of {len(heard)} differ from the re-fold: {problems[:3]}"
+    return Check("every verdict a runtime heard is the re-fold's", not problems, detail)
 
 
 def _poison(ev: Evidence) -> Check:

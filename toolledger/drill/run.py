@@ -27,6 +27,7 @@ from typing import Literal
 
 from toolledger.api.service import OperatorService
 from toolledger.devstack import Services, remove_namespace
+from toolledger.drill.barrier import sentinel
 from toolledger.drill.billing import DrillBilling
 from toolledger.drill.chaos import Chaos, ChaosTally
 from toolledger.drill.checks import Check, Evidence, Tally, judge
@@ -41,8 +42,6 @@ from toolledger.drill.services import DrillServices, open_services
 from toolledger.drill.tools import BILLING_ENV
 from toolledger.drill.verdicts import read_heard
 from toolledger.drill.verify import refold_log
-from toolledger.events.log import partition_for
-from toolledger.events.models import RunStarted, utcnow
 from toolledger.events.signing import SigningKey
 from toolledger.projections.postgres import PostgresLedger
 from toolledger.runtime.ledger import Ledger
@@ -295,19 +294,8 @@ class _Drill:
             chaos.reconciler.stop()
         chaos.keep_projectors()
         for partition in range(self.config.partitions):
-            run_id = next(
-                f"sentinel-{partition}-{n}"
-                for n in range(10_000)
-                if partition_for(f"sentinel-{partition}-{n}", self.config.partitions) == partition
-            )
-            sentinel = RunStarted(
-                key=run_id,
-                run_id=run_id,
-                tenant_id="drill-sentinel",
-                occurred_at=utcnow(),
-                agent="sentinel",
-            )
-            verdict = await stack.commands.append_and_await(sentinel, timeout=120)
+            appended = sentinel("sentinel", partition, self.config.partitions)
+            verdict = await stack.commands.append_and_await(appended, timeout=120)
             assert verdict.accepted, verdict.detail
         for proc in chaos.projectors:
             proc.stop()
@@ -324,6 +312,7 @@ class _Drill:
         listed = set(await operator.check_listing())
         unsettled = set(await db.unsettled(TENANT))
         live = await stack.store.snapshot()
+        heard = read_heard(dispatcher.verdicts)
         refold = await refold_log(
             stack,
             db,
@@ -333,6 +322,7 @@ class _Drill:
                 f"{self.schema}_refold",
                 verify_keys=self.settings.verify_keys,
             ),
+            heard=[h.event_id for h in heard],
         )
         dispatch = dispatcher.tally
         evidence = Evidence(
@@ -358,7 +348,7 @@ class _Drill:
             zombies=chaos.tally.zombies,
             zombies_stood_down=chaos.tally.zombies_stood_down,
             identity_stops=chaos.tally.identity_stops,
-            heard=read_heard(dispatcher.verdicts),
+            heard=heard,
         )
         self.report.checks, self.report.tally = judge(evidence)
         self.report.dispatch = dispatch

@@ -4,8 +4,9 @@ Every verdict a runtime worker receives (a reservation's, an outcome's awaited a
 deadline, a run event's) is appended to `verdicts.jsonl` in the drill's home before the runtime
 acts on it, with the path that answered (`leader` or `direct`, `toolledger.drill.port`). The
 line is one `write()` to a file opened with O_APPEND (`killpoints.append_line`): the kernel has
-it once the call returns, whatever kills the worker next, and a line torn anyway is skipped on
-reading (`killpoints.read_lines`), never misread.
+it once the call returns, whatever kills the worker next. A SIGKILL during the write can cut it
+short, so each line also starts on a line of its own: a torn one is skipped on reading
+(`killpoints.read_lines`), never misread, and never takes the next worker's line with it.
 
 What a line holds is `verdict_form`: the verdict's headline (event, accepted, reason, detail,
 the call's status and version, the run's version) and a digest of the records it left behind.
@@ -83,7 +84,7 @@ class VerdictRecord:
     def write(self, verdict: Verdict, via: Via) -> None:
         if self.path is not None:
             line = {"worker": self.worker, "pid": os.getpid(), "t": time.time(), "via": via}
-            append_line(self.path, {**line, **verdict_form(verdict)})
+            append_line(self.path, {**line, **verdict_form(verdict)}, own_line=True)
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from typing import Any
 
 from toolledger import Ledger, LedgerUnavailable, RunSuperseded
 from toolledger.drill import tools
+from toolledger.drill.barrier import barrier
 from toolledger.drill.killpoints import KillPlan, KillPoints, append_line
 from toolledger.drill.model import AGENT, TENANT, ScriptedModel, prompt
 from toolledger.drill.port import DirectPath, DrillPort, Duplicates
@@ -41,13 +42,16 @@ from toolledger.drill.verdicts import VerdictRecord
 from toolledger.events.log import LogError
 from toolledger.projections.dberrors import DATABASE_ERRORS
 from toolledger.runtime.runs import AgentRun
-from toolledger.settings import load_settings
+from toolledger.settings import Settings, load_settings
 from toolledger.wiring.leader import leader_port
 from toolledger.wiring.stack import LedgerStack
 
+#: Seconds a worker waits for a barrier's verdict (a projector taking over a partition).
+BARRIER_TIMEOUT = 60.0
+
 
 async def _drive(
-    ledger: Ledger, run_id: str, calls: int, kill_points: KillPoints
+    ledger: Ledger, run_id: str, calls: int, kill_points: KillPoints, partitions: int
 ) -> dict[str, Any]:
     run = AgentRun(
         ledger,
@@ -59,6 +63,13 @@ async def _drive(
     )
     try:
         record = await ledger.stack.store.get_run(run_id)
+        if record is not None:
+            # A run taken over from a dead worker is judged (orphaned?) and resumed from what
+            # PostgreSQL holds, and that worker may have heard verdicts from a leader that
+            # are not committed yet: read it again after a barrier, or the resume would start
+            # from an older checkpoint and be fenced off as a stale driver.
+            await barrier(ledger.stack.commands, run_id, partitions, timeout=BARRIER_TIMEOUT)
+            record = await ledger.stack.store.get_run(run_id)
         if record is None:
             result = await run.start(prompt(run_id, calls))
         elif record.version in (None, 0) and record.status == "running":
@@ -77,14 +88,13 @@ async def _drive(
 
 
 async def _connect(
-    kill_points: KillPoints, verdicts: VerdictRecord, attempts: int = 60
+    settings: Settings, kill_points: KillPoints, verdicts: VerdictRecord, attempts: int = 60
 ) -> tuple[Ledger, DrillPort]:
     """The ledger a runtime gets from its settings (`Ledger.connect()`: the leader fast path
     with `TOOLLEDGER_LEADER=auto`), on the drill's port. Retried as a supervisor would restart
     a runtime that could not start: a worker forked while PostgreSQL restarts must wait for it,
     not count as a crash."""
     retriable: tuple[type[BaseException], ...] = (*DATABASE_ERRORS, LogError, LedgerUnavailable)
-    settings = load_settings()
     for attempt in range(1, attempts + 1):
         try:
             stack = await LedgerStack.connect(settings)
@@ -107,7 +117,9 @@ async def main(args: argparse.Namespace) -> None:
     def emit(line: dict[str, Any]) -> None:
         append_line(results, {"worker": args.worker, "pid": os.getpid(), "t": time.time(), **line})
 
-    ledger, port = await _connect(kill_points, VerdictRecord(Path(args.verdicts), args.worker))
+    settings = load_settings()
+    verdicts = VerdictRecord(Path(args.verdicts), args.worker)
+    ledger, port = await _connect(settings, kill_points, verdicts)
     try:
         emit({"ready": True})
         order = {"runs": args.runs, "plan": args.plan, "seed": args.seed}
@@ -128,7 +140,8 @@ async def main(args: argparse.Namespace) -> None:
         emit({"assigned": runs, "plan": kill_points.plan.encode()})
 
         async def one(run_id: str) -> None:
-            emit({"run": run_id, **await _drive(ledger, run_id, args.calls, kill_points)})
+            ended = await _drive(ledger, run_id, args.calls, kill_points, settings.partitions)
+            emit({"run": run_id, **ended})
 
         await asyncio.gather(*(one(r) for r in runs))
     finally:
