@@ -125,6 +125,7 @@ def drill(
 ) -> None:
     """Kill runtimes, projectors and reconcilers at random points, then check the ledger."""
     require("server", "the drill (it runs reconcilers)", PROCESSORS)
+    require("http", "the drill (its refund tool is an HTTP tool)")
     from toolledger.drill.run import DrillConfig
 
     configure_logging(logging.WARNING)

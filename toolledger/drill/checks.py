@@ -6,7 +6,10 @@ every request, `toolledger.drill.billing`), and a re-fold of the log into a fres
 billing can prove is limited to what reached it: a request that never arrived leaves no trace,
 which is why "no completed call ran twice" counts requests (every arrival) and not only credits
 (which the idempotency key already dedups), and why "one effect per step" groups credits by the
-memo the model put in the arguments, so a second charge under a new key is caught too.
+memo the model put in the arguments, so a second charge under a new key is caught too. A call
+settled by resending its request with the same key (`drill.refund`, declared `replays_key_for`)
+reaches billing again on purpose: those replays are the ledger's lookups, so for such a call
+the check counts the credits made rather than the requests.
 
 Two checks judge what the drill did rather than what the ledger kept, and both are written so
 that a loaded machine cannot fail them on a count alone: the kill check asks for every kind of
@@ -89,6 +92,8 @@ class Evidence:
     identity_stops: list[str] = field(default_factory=list)
     #: Every verdict a runtime worker heard (`toolledger.drill.verdicts`).
     heard: list[Heard] = field(default_factory=list)
+    #: The tools whose unknown calls are settled by resending (`replays_key_for`).
+    resent_tools: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -112,6 +117,11 @@ class Tally:
     unsettled: int = 0
     #: Verdicts the runtimes heard, by the path that answered them ("leader", "direct").
     heard: Counter[str] = field(default_factory=Counter)
+    #: Effects by the tool of the call that made them.
+    effects_by_tool: Counter[str] = field(default_factory=Counter)
+    #: Calls settled by resending their request with the same key, and billing's replays.
+    resent: int = 0
+    lookups: int = 0
 
 
 def judge(ev: Evidence) -> tuple[list[Check], Tally]:
@@ -130,7 +140,7 @@ def judge(ev: Evidence) -> tuple[list[Check], Tally]:
         _one_record_per_key(ev, calls, history),
         _at_most_one_effect(by_key, by_step, tally),
         _one_effect_per_call_of_finished_runs(ev, calls, history, by_step),
-        _no_completed_call_ran_twice(ev, calls),
+        _no_completed_call_ran_twice(ev, calls, history),
         _effects_match_the_ledger(calls, by_key, in_flight_ok=ev.timed_out),
         _unsettled_listed(ev),
         _refold(ev.refold),
@@ -167,6 +177,12 @@ def _tally(
 ) -> Tally:
     tally = Tally(keys=len(calls), effects=len(ev.effects))
     tally.heard = Counter(h.via for h in ev.heard)
+    tally.effects_by_tool = Counter(
+        calls[e.key].tool if e.key in calls else "(no ledger record)" for e in ev.effects
+    )
+    resent = resent_keys(ev, calls, history)
+    tally.resent = len(resent)
+    tally.lookups = sum(ev.requests.get(k, Counter())["replayed"] for k in resent)
     tally.requests = sum(sum(c.values()) for c in ev.requests.values())
     tally.refused = sum(c["refused"] for c in ev.requests.values())
     tally.duplicates = sum(len(e) - 1 for e in by_key.values() if len(e) > 1) + sum(
@@ -318,19 +334,48 @@ def _one_effect_per_call_of_finished_runs(
     return Check("exactly one effect for every call of a finished run", not problems, detail)
 
 
-def _no_completed_call_ran_twice(ev: Evidence, calls: Mapping[str, CallRecord]) -> Check:
-    twice = sorted(
-        k
-        for k, c in calls.items()
-        if c.status == "completed" and sum(ev.requests.get(k, Counter()).values()) != 1
-    )
-    replayed = sorted(k for k, c in ev.requests.items() if c["replayed"])
+def resent_keys(
+    ev: Evidence, calls: Mapping[str, CallRecord], history: Mapping[str, list[HistoryEntry]]
+) -> set[str]:
+    """Keys of calls the ledger settled by resending their request with the same key (tools
+    declared `replays_key_for`): every resend is ledgered as a reconcile attempt, and the call
+    is then settled by reconcile. Billing replays such a key's first credit, and that replay is
+    the lookup, not a second run. (A resender killed before its attempt landed leaves a replay
+    without an attempt; the call is still settled by a later resend, so by reconcile.)"""
+    return {
+        key
+        for key, call in calls.items()
+        if call.tool in ev.resent_tools
+        and (
+            call.settled_by == "reconcile"
+            or any(e.event_type == "reconcile_attempted" for e in history.get(key, []))
+        )
+    }
+
+
+def _no_completed_call_ran_twice(
+    ev: Evidence, calls: Mapping[str, CallRecord], history: Mapping[str, list[HistoryEntry]]
+) -> Check:
+    resent = resent_keys(ev, calls, history)
+
+    def runs(key: str) -> int:
+        """How often the call took effect: credits made, and for a key that was never resent
+        every request (a repeated request of a completed call is a rerun)."""
+        found = ev.requests.get(key, Counter())
+        return found["credited"] if key in resent else sum(found.values())
+
+    twice = sorted(k for k, c in calls.items() if c.status == "completed" and runs(k) != 1)
+    replayed = sorted(k for k, c in ev.requests.items() if c["replayed"] and k not in resent)
     completed = sum(1 for c in calls.values() if c.status == "completed")
-    detail = f"{completed} completed calls, each reached billing exactly once"
+    lookups = sum(ev.requests.get(k, Counter())["replayed"] for k in resent)
+    detail = (
+        f"{completed} completed calls, each reached billing exactly once, but for "
+        f"{len(resent)} settled by resending (their {lookups} replays were the lookups)"
+    )
     if twice or replayed:
         detail = (
             f"completed calls reaching billing other than once: {twice[:5]}; requests for a key "
-            f"that already had its credit: {replayed[:5]}"
+            f"that already had its credit, never resent: {replayed[:5]}"
         )
     return Check("no completed call ran twice", not (twice or replayed), detail)
 

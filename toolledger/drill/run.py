@@ -1,11 +1,12 @@
 """One drill from start to verdict: set up, drive and trouble the runs, quiesce, check, clean up.
 
 A drill owns a fresh PostgreSQL schema and topic prefix, two projector processes, a reconciler
-process, the runtime workers the dispatcher starts, and the drill's operator (in this process).
-When every run has finished it stops the troubles and the reconciler, makes sure everything
-appended has been projected (a sentinel event per partition: once its verdict exists, every
-earlier record of that partition was folded, which end offsets cannot promise), stops the
-projectors so nothing moves, and hands the witnesses to `toolledger.drill.checks`.
+process, the payments API its refund tool sends to (`toolledger.drill.payments`, started first),
+the runtime workers the dispatcher starts, and the drill's operator (in this process).
+When every run has finished it stops the troubles, the reconciler and the payments API, makes
+sure everything appended has been projected (a sentinel event per partition: once its verdict
+exists, every earlier record of that partition was folded, which end offsets cannot promise),
+stops the projectors so nothing moves, and hands the witnesses to `toolledger.drill.checks`.
 
 With `broker_reset` the drill runs on a private broker and ends with its reset
 (`toolledger.drill.reset`); with `postgres_restarts` it runs on a private PostgreSQL and
@@ -36,10 +37,10 @@ from toolledger.drill.killpoints import read_lines
 from toolledger.drill.ledgerdb import LedgerDB
 from toolledger.drill.model import TENANT
 from toolledger.drill.operator import DrillOperator
-from toolledger.drill.procs import Procs
+from toolledger.drill.procs import Proc, Procs
 from toolledger.drill.reset import broker_reset
 from toolledger.drill.services import DrillServices, open_services
-from toolledger.drill.tools import BILLING_ENV
+from toolledger.drill.tools import BILLING_ENV, PAYMENTS_ENV, drill
 from toolledger.drill.verdicts import read_heard
 from toolledger.drill.verify import refold_log
 from toolledger.events.signing import SigningKey
@@ -67,6 +68,8 @@ class DrillConfig:
     #: leaders answer, so projector kills and zombies are leader kills and zombies), or `off`.
     leader: Literal["auto", "off"] = "auto"
     external_share: float = 0.15
+    #: Share of refunds the payments API makes and then leaves unanswered (dropped).
+    payments_drop_rate: float = 0.05
     double_drive_rate: float = 0.05
     dup_rate: float = 0.01
     slow_rate: float = 0.02
@@ -200,6 +203,7 @@ class _Drill:
         try:
             ledger = Ledger.from_stack(stack, verdict_timeout=self.settings.verdict_timeout_s)
             billing = DrillBilling(self.home / "billing.db")
+            payments = await self._start_payments(procs)
             rng = random.Random(self.config.seed)
             chaos = Chaos(
                 procs,
@@ -270,7 +274,7 @@ class _Drill:
             await dispatcher.run()
             chaos.stopping.set()
             await asyncio.gather(*tasks)
-            await self._quiesce(stack, chaos)
+            await self._quiesce(stack, chaos, payments)
             await self._judge(stack, db, billing, dispatcher, chaos, operator)
             if self.config.broker_reset:
                 self.report.checks += await broker_reset(
@@ -288,10 +292,47 @@ class _Drill:
             self.report.duration = time.monotonic() - started
         return self.report
 
-    async def _quiesce(self, stack: LedgerStack, chaos: Chaos) -> None:
+    async def _start_payments(self, procs: Procs) -> Proc:
+        """The drill's payments API (`toolledger.drill.payments`), listening before anything
+        that sends to it starts: its URL goes into every later child's environment."""
+        address = self.home / "payments.url"
+        proc = procs.python(
+            "payments",
+            "toolledger.drill.payments",
+            "--billing",
+            str(self.home / "billing.db"),
+            "--address-file",
+            str(address),
+            "--drop-rate",
+            str(self.config.payments_drop_rate),
+            "--seed",
+            str(self.config.seed),
+        )
+        deadline = time.monotonic() + 60
+        while not address.exists():
+            if not proc.alive() or time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"the drill's payments API did not start (exit status {proc.returncode}): "
+                    f"{proc.output()[-2000:]}"
+                )
+            await asyncio.sleep(0.05)
+        procs.env[PAYMENTS_ENV] = address.read_text()
+        return proc
+
+    @staticmethod
+    def _stop_payments(payments: Proc) -> list[str]:
+        """Stop the payments API; an error if it had ended before (refunds would have failed)."""
+        if not payments.alive():
+            tail = payments.output()[-3000:]
+            return [f"the payments API exited with {payments.returncode}:\n{tail}"]
+        payments.stop()
+        return []
+
+    async def _quiesce(self, stack: LedgerStack, chaos: Chaos, payments: Proc) -> None:
         """Stop every appender, then wait until everything appended has been projected."""
         if chaos.reconciler is not None and chaos.reconciler.alive():
             chaos.reconciler.stop()
+        chaos.errors += self._stop_payments(payments)
         chaos.keep_projectors()
         for partition in range(self.config.partitions):
             appended = sentinel("sentinel", partition, self.config.partitions)
@@ -349,6 +390,7 @@ class _Drill:
             zombies_stood_down=chaos.tally.zombies_stood_down,
             identity_stops=chaos.tally.identity_stops,
             heard=heard,
+            resent_tools=frozenset(t.name for t in drill if t.effect.replays_key_for),
         )
         self.report.checks, self.report.tally = judge(evidence)
         self.report.dispatch = dispatch

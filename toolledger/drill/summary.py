@@ -53,8 +53,14 @@ def drill_table(report: DrillReport) -> Table:
     table.add_row("events re-appended (producer retries)", str(report.duplicates_appended))
     table.add_row("poison records", str(len(ch.poison)))
     table.add_row("calls (ledger keys)", f"{t.keys}: {t.completed} completed, {t.failed} failed")
-    table.add_row("billing requests", f"{t.requests} ({t.refused} refused: voided keys)")
+    table.add_row(
+        "billing requests (the payments API's included)",
+        f"{t.requests} ({t.refused} refused: voided keys)",
+    )
     table.add_row("effects (credits)", str(t.effects))
+    by_tool = ", ".join(f"{n} {tool}" for tool, n in sorted(t.effects_by_tool.items()))
+    table.add_row("  by tool", by_tool or "-")
+    table.add_row("  refunds settled by resending (billing's replays)", f"{t.resent} ({t.lookups})")
     table.add_row("duplicate effects (must be 0)", str(t.duplicates))
     table.add_row("unknowns (no outcome from their runtime in time)", str(t.unknowns))
     table.add_row("  of which the runtime reported indeterminate", str(t.indeterminate))
