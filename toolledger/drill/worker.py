@@ -63,11 +63,12 @@ async def _drive(
     )
     try:
         record = await ledger.stack.store.get_run(run_id)
-        if record is not None:
+        if record is not None and record.status == "running":
             # A run taken over from a dead worker is judged (orphaned?) and resumed from what
             # PostgreSQL holds, and that worker may have heard verdicts from a leader that
             # are not committed yet: read it again after a barrier, or the resume would start
-            # from an older checkpoint and be fenced off as a stale driver.
+            # from an older checkpoint and be fenced off as a stale driver. (A paused run is
+            # resumed once PostgreSQL shows its call settled, so its pause is committed.)
             await barrier(ledger.stack.commands, run_id, partitions, timeout=BARRIER_TIMEOUT)
             record = await ledger.stack.store.get_run(run_id)
         if record is None:
