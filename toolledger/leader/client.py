@@ -25,6 +25,7 @@ from toolledger.leader.frames import (
     DEFAULT_MAX_BODY,
     Frame,
     FrameError,
+    FrameWriter,
     Kind,
     encode_frame,
     read_frame,
@@ -48,6 +49,7 @@ class LeaderConnection:
         self._ids = itertools.count(1)
         self._waiting: dict[int, asyncio.Future[Frame]] = {}
         self._writer: asyncio.StreamWriter | None = None
+        self._out: FrameWriter | None = None
         self._reading: asyncio.Task[None] | None = None
         self._opening = asyncio.Lock()
 
@@ -57,25 +59,25 @@ class LeaderConnection:
 
     async def request(self, kind: Kind, body: bytes) -> Frame:
         """Send one request and return its answer (bound it with the caller's timeout)."""
-        writer = await self._open()
+        out = await self._open()
         request = next(self._ids) & 0xFFFFFFFF
         answer: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
         self._waiting[request] = answer
         try:
-            writer.write(encode_frame(kind, request, body))
-            await writer.drain()
+            out.send(encode_frame(kind, request, body))
+            await out.drain()
             return await answer
         finally:
             self._waiting.pop(request, None)
 
-    async def _open(self) -> asyncio.StreamWriter:
+    async def _open(self) -> FrameWriter:
         async with self._opening:
-            if self._writer is None or self.broken:
+            if self._out is None or self.broken:
                 host, _, port = self.address.rpartition(":")
                 reader, writer = await asyncio.open_connection(host, int(port))
-                self._writer = writer
+                self._writer, self._out = writer, FrameWriter(writer)
                 self._reading = asyncio.create_task(self._read(reader), name="toolledger-leader-in")
-            return self._writer
+            return self._out
 
     async def _read(self, reader: asyncio.StreamReader) -> None:
         why: BaseException = ConnectionError(f"the leader at {self.address} closed the connection")

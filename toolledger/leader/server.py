@@ -41,11 +41,12 @@ from toolledger.leader.frames import (
     DEFAULT_MAX_BODY,
     Frame,
     FrameError,
+    FrameWriter,
     Kind,
     encode_frame,
     read_frame,
 )
-from toolledger.leader.partition import Behind, LeaderPartition, Needs, Superseded
+from toolledger.leader.partition import Behind, LeaderPartition, Superseded
 from toolledger.leader.provenance import LeaderReads
 from toolledger.projections.dberrors import database_errors
 from toolledger.projections.following import PartitionFollower
@@ -187,12 +188,13 @@ class LeaderServer(PartitionFollower):
     async def _connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
         self._writers.add(writer)
+        out = FrameWriter(writer)
         try:
             while True:
                 frame = await read_frame(reader, self.max_body)
                 if frame is None:
                     return
-                self._spawn(self._answer(frame, self._request(frame), writer))
+                self._spawn(self._answer(frame, self._request(frame), out))
         except (FrameError, DecodeError) as exc:
             log.warning("closing the connection from %s: %s", peer, exc)
         except (asyncio.IncompleteReadError, ConnectionError) as exc:
@@ -217,7 +219,7 @@ class LeaderServer(PartitionFollower):
         raise FrameError(f"frame kind {frame.kind.name} (request {frame.request}) is not a request")
 
     async def _answer(
-        self, frame: Frame, request: Event | tuple[str, str], writer: asyncio.StreamWriter
+        self, frame: Frame, request: Event | tuple[str, str], out: FrameWriter
     ) -> None:
         try:
             if isinstance(request, tuple):
@@ -228,10 +230,9 @@ class LeaderServer(PartitionFollower):
         except Exception as exc:
             log.exception("request %d not answered", frame.request)
             kind, body = Kind.UNAVAILABLE, f"{type(exc).__name__}: {exc}".encode()
-        if not writer.is_closing():
-            writer.write(encode_frame(kind, frame.request, body))
-            with contextlib.suppress(ConnectionError):
-                await writer.drain()
+        out.send(encode_frame(kind, frame.request, body))
+        with contextlib.suppress(ConnectionError):
+            await out.drain()
 
     async def _append(self, event: Event, data: bytes) -> Answer:
         if not runtime_may_append(event):
@@ -253,15 +254,13 @@ class LeaderServer(PartitionFollower):
         if appender is None:
             return Kind.NOT_LEADER, json.dumps({"partition": partition}).encode()
         appender.asked()
+        state = appender.state
         try:
-            async with appender.lock:
-                state = appender.state
-                state.check_current()
-                if not state.knows(key):
-                    needs = Needs(keys=frozenset({key}))
-                    state.learn(await self.reads.load(partition, needs, state.generation))
-                record = state.call(key)
-                known = state.knows(key)
+            state.check_current()
+            await appender.learn_call(key, run_id)
+            state.check_current()
+            record = state.call(key)
+            known = state.knows(key)
         except Behind:
             return Kind.NOT_KNOWN, b""
         except Superseded:

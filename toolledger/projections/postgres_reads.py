@@ -7,6 +7,12 @@ are the hot path: every call reads its key, every command reads its verdict. Bot
 share one connection, opened on first use (a process that never reads never connects), and
 take turns on it; under load each turn reads for many calls.
 
+Every statement here is a set of primary-key probes whose best plan never depends on the
+values asked, so the session plans each one once (`plan_cache_mode=force_generic_plan`).
+PostgreSQL's default re-plans a statement with array parameters on every execution, and for
+the leader's provenance read that planning cost more than the probes: 0.52 ms a read against
+0.19 ms with the generic plan (a probe on this machine, 300 reads each).
+
 A read that fails or is cancelled drops the connection, whose session state is then unknown,
 and the next read opens a new one: a database restart costs the reads in flight, as with the
 pool, and the callers fail closed (`LedgerUnavailable`) or retry (the waiter) as before.
@@ -70,6 +76,7 @@ class PostgresReads(PointReads):
                     server_settings={
                         "search_path": quote_ident(self._schema),
                         "application_name": f"toolledger-reads-{os.getpid()}",
+                        "plan_cache_mode": "force_generic_plan",
                     },
                 )
             try:
