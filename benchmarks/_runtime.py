@@ -105,8 +105,9 @@ class RunningLedger:
     ledger: Ledger
     stack: LedgerStack
     #: The same stack through the partition leaders (`TOOLLEDGER_LEADER=auto`), once they
-    #: registered: the fast path (`toolledger.leader`). `ledger` is the direct path.
-    fast: Ledger
+    #: registered: the fast path (`toolledger.leader`); `ledger` is the direct path. None for
+    #: the `--no-facts` projector, which runs no leader.
+    fast: Ledger | None
     schema: str
     partitions: int
     projector_pid: int
@@ -155,16 +156,19 @@ async def running_ledger(
         await ledger.call(
             noop, run_id="warmup", tool_call_id="c0", tenant_id="bench", arguments={"n": 0}
         )
-        fast = Ledger(
-            leader_port(StackPort(stack), settings.model_copy(update={"leader": "auto"})),
-            verdict_timeout=STARTUP_TIMEOUT,
-        )
-        await _leaders_registered(fast, partitions)
+        fast = None
+        if facts:
+            fast = Ledger(
+                leader_port(StackPort(stack), settings.model_copy(update={"leader": "auto"})),
+                verdict_timeout=STARTUP_TIMEOUT,
+            )
+            await _leaders_registered(fast, partitions)
         yield RunningLedger(
             ledger, stack, fast, schema, partitions, projector.pid, scratch.services.database_url
         )
         await ledger.wait_background(10)
-        await fast.wait_background(10)
+        if fast is not None:
+            await fast.wait_background(10)
     finally:
         if projector is not None:
             await stop_process(projector)

@@ -121,6 +121,8 @@ class Toolledger(System):
 
     async def _call(self, tool: Tool[..., int], run_id: str, n: int) -> None:
         ledger = self.running.fast if self.leader else self.running.ledger
+        if ledger is None:
+            raise RuntimeError(f"{self.name}: this ledger's projector runs no leader")
         outcome = await ledger.call(
             tool, run_id=run_id, tool_call_id=f"c{n}", tenant_id="bench", arguments={"n": n}
         )

@@ -90,6 +90,7 @@ class LeaderServer(PartitionFollower):
         self._tasks: set[asyncio.Task[None]] = set()
         self._writers: set[asyncio.StreamWriter] = set()
         self.address = ""
+        self._closed = False
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._connected, self._host, self._port)
@@ -98,6 +99,7 @@ class LeaderServer(PartitionFollower):
         log.info("leader listening on %s", self.address)
 
     async def close(self) -> None:
+        self._closed = True  # what the projector says from now on starts nothing
         if self._server is not None:
             self._server.close()
         for writer in list(self._writers):
@@ -105,7 +107,9 @@ class LeaderServer(PartitionFollower):
         for task in list(self._tasks):
             task.cancel()
         for partition in list(self._led):
-            await self._stand_down(partition, self._led.pop(partition))
+            appender = self._led.pop(partition, None)
+            if appender is not None:
+                await self._stand_down(partition, appender)
         await self._gaps.close()
         await self.reads.close()
 
@@ -116,6 +120,8 @@ class LeaderServer(PartitionFollower):
     # -- what the projector tells it (PartitionFollower) -----------------------------------
 
     async def took(self, partition: int, next_offset: int) -> None:
+        if self._closed:
+            return
         old = self._led.pop(partition, None)
         if old is not None:
             await old.close()
@@ -168,7 +174,10 @@ class LeaderServer(PartitionFollower):
         appender = self._led.pop(partition, None)
         if appender is not None:
             appender.state.supersede(f"this process no longer projects partition {partition}")
-            self._spawn(self._stand_down(partition, appender))
+            if self._closed:  # its registration is cleared by `close`, or goes with the lock
+                self._spawn(appender.close())
+            else:
+                self._spawn(self._stand_down(partition, appender))
 
     async def _stand_down(self, partition: int, appender: PartitionAppender) -> None:
         """Answer what `appender` still holds, and clear this address from the ownership row

@@ -54,6 +54,7 @@ class PostgresReads(PointReads):
         self._schema = check_schema_name(schema)
         self._conn: asyncpg.Connection[asyncpg.Record] | None = None
         self._lock = asyncio.Lock()  # one statement at a time on the connection
+        self._closed = False
 
     async def calls(self, keys: Collection[str]) -> dict[str, CallRecord]:
         if len(keys) == 1:
@@ -70,6 +71,8 @@ class PostgresReads(PointReads):
     async def _fetch(self, sql: str, *args: Any) -> list[asyncpg.Record]:
         async with self._lock:
             conn = self._conn
+            if self._closed:
+                raise ConnectionError("these reads are closed; no connection is opened again")
             if conn is None or conn.is_closed():
                 conn = self._conn = await asyncpg.connect(
                     self._dsn,
@@ -87,6 +90,9 @@ class PostgresReads(PointReads):
                 raise
 
     async def close(self) -> None:
+        """Close the connection; a read after this raises `ConnectionError` (a database error
+        to every caller) instead of opening a connection nobody would close."""
+        self._closed = True
         async with self._lock:
             conn, self._conn = self._conn, None
         if conn is not None and not conn.is_closed():

@@ -6,10 +6,9 @@ no other part of the codebase knows leaders exist:
 - `start_leader` gives a projector process its `LeaderServer` (the projector's
   `PartitionFollower`) unless `TOOLLEDGER_LEADER_LISTEN=off`.
 - `leader_port` gives a runtime on Kafka and PostgreSQL its port: a `LeaderPort` over the
-  direct path with `TOOLLEDGER_LEADER=auto` (opt-in until it is faster than the direct path;
-  BENCHMARKS.md, issue 25), else the direct path. With no leader registered a `LeaderPort`
-  behaves as the direct path; the embedded (memory) stack keeps the direct path, having no
-  network to save.
+  direct path with `TOOLLEDGER_LEADER=auto` (the default), else the direct path. With no
+  leader registered a `LeaderPort` behaves as the direct path; the embedded (memory) stack
+  keeps the direct path, having no network to save.
 """
 
 from __future__ import annotations
