@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import ssl
 from collections.abc import Coroutine, Sequence
 from typing import Any
 
@@ -48,6 +49,7 @@ from toolledger.leader.frames import (
 )
 from toolledger.leader.partition import Behind, LeaderPartition, Superseded
 from toolledger.leader.provenance import LeaderReads
+from toolledger.leader.tls import server_options
 from toolledger.projections.dberrors import database_errors
 from toolledger.projections.following import PartitionFollower
 
@@ -65,7 +67,8 @@ def runtime_may_append(event: Event) -> bool:
 
 
 class LeaderServer(PartitionFollower):
-    """Serves the partitions its projector holds, on `host:port` (port 0: any free one)."""
+    """Serves the partitions its projector holds, on `host:port` (port 0: any free one), over
+    TLS with `tls` (`toolledger.leader.tls.server_context`), else plain TCP."""
 
     def __init__(
         self,
@@ -77,13 +80,14 @@ class LeaderServer(PartitionFollower):
         host: str = "127.0.0.1",
         port: int = 0,
         max_body: int = DEFAULT_MAX_BODY,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.events = events
         self.reads = reads
         self.keys = keys
         self.partitions = partitions
         self.max_body = max_body
-        self._host, self._port = host, port
+        self._host, self._port, self._tls = host, port, tls
         self._server: asyncio.Server | None = None
         self._led: dict[int, PartitionAppender] = {}
         self._gaps = GapReader(events, keys)
@@ -93,10 +97,12 @@ class LeaderServer(PartitionFollower):
         self._closed = False
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._connected, self._host, self._port)
+        self._server = await asyncio.start_server(
+            self._connected, self._host, self._port, **server_options(self._tls)
+        )
         host, port = self._server.sockets[0].getsockname()[:2]
         self.address = f"{host}:{port}"
-        log.info("leader listening on %s", self.address)
+        log.info("leader listening on %s (%s)", self.address, "TLS" if self._tls else "plain TCP")
 
     async def close(self) -> None:
         self._closed = True  # what the projector says from now on starts nothing
