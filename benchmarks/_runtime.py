@@ -30,7 +30,10 @@ import asyncpg
 
 from benchmarks._support import Scratch, start_process, stop_process
 from toolledger import Ledger, ToolContext, Toolset, external
+from toolledger.leader.runtime_port import LeaderPort
+from toolledger.wiring.leader import leader_port
 from toolledger.wiring.stack import LedgerStack
+from toolledger.wiring.stack_port import StackPort
 
 #: Partitions of the events topic the runtime benchmarks create (see BENCHMARKS.md).
 PARTITIONS = 4
@@ -42,6 +45,9 @@ SETTLE_TIMEOUT = 60.0
 bench = Toolset("bench")
 #: How often each benchmark tool ran, so a benchmark can check every call ran it exactly once.
 RUNS = {"noop": 0, "noop_pipelined": 0, "nap": 0, "nap_pipelined": 0}
+#: How often each tool ran, by (the run_id's part before its first `-`, the tool), so the
+#: benchmarks sharing a tool on one ledger (the peers benchmark's paths) count only their own.
+RAN_FOR: Counter[tuple[str, str]] = Counter()
 #: The idempotency keys the pipelined tools received (their "downstream"), and how often each.
 KEYS_SEEN: Counter[str] = Counter()
 #: How long each napping tool's call spent in the tool itself, by idempotency key (seconds).
@@ -54,6 +60,7 @@ NAP_S = 0.05
 async def noop(n: int, context: ToolContext) -> int:
     """An external tool with no effect: it returns its argument."""
     RUNS["noop"] += 1
+    RAN_FOR[context.run_id.split("-", 1)[0], "noop"] += 1
     return n
 
 
@@ -61,6 +68,7 @@ async def noop(n: int, context: ToolContext) -> int:
 async def noop_pipelined(n: int, context: ToolContext) -> int:
     """The no-op, pipelined: its downstream only counts the idempotency keys it is sent."""
     RUNS["noop_pipelined"] += 1
+    RAN_FOR[context.run_id.split("-", 1)[0], "noop_pipelined"] += 1
     KEYS_SEEN[context.idempotency_key] += 1
     return n
 
@@ -75,6 +83,7 @@ async def _nap(context: ToolContext) -> None:
 async def nap(n: int, context: ToolContext) -> int:
     """A 50 ms tool (it sleeps), timing itself so a benchmark can subtract the tool's own time."""
     RUNS["nap"] += 1
+    RAN_FOR[context.run_id.split("-", 1)[0], "nap"] += 1
     await _nap(context)
     return n
 
@@ -83,6 +92,7 @@ async def nap(n: int, context: ToolContext) -> int:
 async def nap_pipelined(n: int, context: ToolContext) -> int:
     """The 50 ms tool, pipelined (its downstream counts keys, as `noop_pipelined`'s)."""
     RUNS["nap_pipelined"] += 1
+    RAN_FOR[context.run_id.split("-", 1)[0], "nap_pipelined"] += 1
     KEYS_SEEN[context.idempotency_key] += 1
     await _nap(context)
     return n
@@ -94,6 +104,10 @@ class RunningLedger:
 
     ledger: Ledger
     stack: LedgerStack
+    #: The same stack through the partition leaders (`TOOLLEDGER_LEADER=auto`), once they
+    #: registered: the fast path (`toolledger.leader`); `ledger` is the direct path. None for
+    #: the `--no-facts` projector, which runs no leader.
+    fast: Ledger | None
     schema: str
     partitions: int
     projector_pid: int
@@ -142,15 +156,37 @@ async def running_ledger(
         await ledger.call(
             noop, run_id="warmup", tool_call_id="c0", tenant_id="bench", arguments={"n": 0}
         )
+        fast = None
+        if facts:
+            fast = Ledger(
+                leader_port(StackPort(stack), settings.model_copy(update={"leader": "auto"})),
+                verdict_timeout=STARTUP_TIMEOUT,
+            )
+            await _leaders_registered(fast, partitions)
         yield RunningLedger(
-            ledger, stack, schema, partitions, projector.pid, scratch.services.database_url
+            ledger, stack, fast, schema, partitions, projector.pid, scratch.services.database_url
         )
         await ledger.wait_background(10)
+        if fast is not None:
+            await fast.wait_background(10)
     finally:
         if projector is not None:
             await stop_process(projector)
         await stack.close()
         shutil.rmtree(home, ignore_errors=True)
+
+
+async def _leaders_registered(fast: Ledger, partitions: int) -> None:
+    """Bounded polling until the projector process registered a leader for every partition
+    (it does so as it takes them, right after its first batch or at once)."""
+    port = fast.port
+    if not isinstance(port, LeaderPort):
+        raise RuntimeError(f"the fast path's port is {type(port).__name__}, not a LeaderPort")
+    give_up = time.monotonic() + STARTUP_TIMEOUT
+    while len([a for a in (await port.directory.leaders()).values() if a]) < partitions:
+        if time.monotonic() > give_up:
+            raise RuntimeError(f"no leader registered within {STARTUP_TIMEOUT:g}s")
+        await asyncio.sleep(0.05)
 
 
 async def check_books(running: RunningLedger, prefix: str, expected: int) -> None:

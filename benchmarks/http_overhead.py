@@ -3,7 +3,7 @@
     python -m benchmarks.http_overhead [--repeat 5] [--blocks 40] [--calls 50]
 
 The same request, `GET /v1/charges/ch_1` with an `Idempotency-Key` header, to the fake payments
-API (`examples.http_refund.payments`) on a loopback port, two ways:
+API (`toolledger.http.fake`) on a loopback port, two ways:
 
 - `httpx`: a bare `httpx.AsyncClient.get(..., headers={"Idempotency-Key": key})`, the floor:
   what a hand-written tool does at the least;
@@ -42,7 +42,7 @@ VARIANTS = ("httpx", "toolledger.http")
 
 
 async def _serve() -> None:
-    from examples.http_refund.payments import FakePayments
+    from toolledger.http.fake import FakePayments
 
     async with FakePayments() as api:
         print(api.port, flush=True)

@@ -10,62 +10,49 @@ import uuid
 from collections.abc import Collection
 
 from toolledger.events.models import Event
-from toolledger.events.payloads import PayloadLimits
 from toolledger.events.records import CallRecord, RunRecord, Verdict
+from toolledger.runtime.forwarding import ForwardingPort
 from toolledger.runtime.port import CallQuery, RuntimePort
 
 
-class Forwarding(RuntimePort):
+class Forwarding(ForwardingPort):
     """Another adapter of the runtime port: forwards to `inner` and notes what it was asked.
     It stands on no stack, so a runtime path that reached past the port would fail."""
 
     def __init__(self, inner: RuntimePort) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.asked: list[str] = []
-
-    @property
-    def limits(self) -> PayloadLimits:
-        return self.inner.limits
 
     async def read_call(self, key: str) -> CallRecord | None:
         self.asked.append("read_call")
-        return await self.inner.read_call(key)
+        return await super().read_call(key)
 
     async def read_run(self, run_id: str) -> RunRecord | None:
         self.asked.append("read_run")
-        return await self.inner.read_run(run_id)
+        return await super().read_run(run_id)
 
     async def list_calls(self, query: CallQuery) -> list[CallRecord]:
         self.asked.append("list_calls")
-        return await self.inner.list_calls(query)
+        return await super().list_calls(query)
 
     async def list_runs(
         self, statuses: Collection[str], *, tenant_id: str | None = None
     ) -> list[RunRecord]:
         self.asked.append("list_runs")
-        return await self.inner.list_runs(statuses, tenant_id=tenant_id)
-
-    async def restored_call(self, record: CallRecord) -> CallRecord:
-        return await self.inner.restored_call(record)
+        return await super().list_runs(statuses, tenant_id=tenant_id)
 
     async def append(self, event: Event, timeout: float) -> None:
         self.asked.append("append")
-        await self.inner.append(event, timeout)
+        await super().append(event, timeout)
 
     async def append_until_landed(self, event: Event, *, each: float, pause: float) -> None:
         self.asked.append("append_until_landed")
-        await self.inner.append_until_landed(event, each=each, pause=pause)
+        await super().append_until_landed(event, each=each, pause=pause)
 
     async def append_and_await(self, event: Event, timeout: float) -> Verdict:
         self.asked.append("append_and_await")
-        return await self.inner.append_and_await(event, timeout)
+        return await super().append_and_await(event, timeout)
 
     async def await_verdict(self, event_id: uuid.UUID, timeout: float) -> Verdict:
         self.asked.append("await_verdict")
-        return await self.inner.await_verdict(event_id, timeout)
-
-    def watch_verdict(self, event_id: uuid.UUID) -> None:
-        self.inner.watch_verdict(event_id)
-
-    def unwatch_verdict(self, event_id: uuid.UUID) -> None:
-        self.inner.unwatch_verdict(event_id)
+        return await super().await_verdict(event_id, timeout)

@@ -16,9 +16,9 @@ from datetime import timedelta
 
 from pydantic import BaseModel
 
-from examples.http_refund.payments import FakePayments
 from toolledger import ToolContext, Toolset, external, read
 from toolledger.http import Outcome, ToolHTTP
+from toolledger.http.fake import FakePayments
 
 #: The fake's key retention, as the refund tool declares it (Stripe: 24 hours).
 REPLAY_WINDOW = timedelta(hours=24)

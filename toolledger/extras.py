@@ -20,8 +20,10 @@ from toolledger.settings import ConfigError
 PROCESSORS = ("faust",)
 #: What the operator API and its console import.
 API = ("fastapi", "uvicorn", "jinja2", "multipart")
+#: What HTTP tools import (`toolledger.http`).
+HTTP = ("httpx",)
 #: The modules each extra brings, as imported (not as distributions are named).
-EXTRAS: dict[str, tuple[str, ...]] = {"server": PROCESSORS + API}
+EXTRAS: dict[str, tuple[str, ...]] = {"server": PROCESSORS + API, "http": HTTP}
 
 
 class MissingExtra(ConfigError):

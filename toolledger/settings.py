@@ -3,10 +3,13 @@
 Each role reads only what it needs (docs/security.md, "Roles"):
 
 - `Settings`, the shared block every process reads: where the ledger lives (database URL,
-  Kafka bootstrap, schema, topic prefix) and tuning. Nothing in it is secret, which is why
-  runtimes and processors, which run user code, read exactly this and no more.
+  Kafka bootstrap, schema, topic prefix), tuning, and how a runtime reaches leaders (with TLS,
+  the paths of its own certificate and key). Nothing in it is secret, which is why runtimes
+  and processors, which run user code, read exactly this and no more; a runtime's TLS key
+  is a file it was given, named here by its path.
 - `ProjectorSettings` adds the public keys that verify operator signatures
-  (`TOOLLEDGER_VERIFY_KEYS`): projectors and replay.
+  (`TOOLLEDGER_VERIFY_KEYS`): projectors and replay; and the leader's own TLS certificate and
+  key, so the processes `toolledger server` supervises never see them.
 - `OperatorSettings` adds the private signing key(s) (`TOOLLEDGER_SIGNING_KEYS`) and the metrics
   scrape token: the operator API and the CLI acting as an operator.
 
@@ -20,6 +23,7 @@ library: `load_settings()` turns pydantic's validation error into
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Annotated, Literal, TypeVar, overload
 
 from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator
@@ -30,6 +34,14 @@ from toolledger.events.payloads import PayloadLimits
 from toolledger.events.signing import SigningKey, VerifyKeys, parse_signing_keys
 
 _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+#: The TLS settings that name PEM certificate files, and every TLS setting, of both roles.
+_TLS_CERTIFICATES = (
+    "runtime_tls_cert",
+    "runtime_tls_leader_ca",
+    "leader_tls_cert",
+    "leader_tls_runtime_ca",
+)
+_TLS_FIELDS = (*_TLS_CERTIFICATES, "runtime_tls_key", "runtime_tls_leader_name", "leader_tls_key")
 
 
 class ConfigError(ToolLedgerError):
@@ -133,11 +145,10 @@ class Settings(BaseSettings):
         "indeterminate with an error naming the limit.",
     )
     leader: Literal["auto", "off"] = Field(
-        default="off",
-        description="Runtimes: `auto` sends reservations, outcomes and abandons to the leader "
-        "of the run's partition when one is registered (the fast path), else appends directly; "
-        "`off` (the default until the fast path is faster than the direct one: BENCHMARKS.md, "
-        "issue 25) always appends directly.",
+        default="auto",
+        description="Runtimes: `auto` (the default) sends reads, reservations, outcomes and "
+        "abandons to the leader of the run's partition when one is registered (the fast path), "
+        "else appends directly; `off` always appends directly.",
     )
     leader_listen: str = Field(
         default="127.0.0.1:0",
@@ -150,6 +161,28 @@ class Settings(BaseSettings):
         description="Runtimes: how long a leader has to answer before a call takes the direct "
         "path (and that leader is left alone for a few seconds).",
     )
+    runtime_tls_cert: Path | None = Field(
+        default=None,
+        description="Runtimes: PEM certificate this runtime presents to leaders (TLS); needs "
+        "TOOLLEDGER_RUNTIME_TLS_KEY and TOOLLEDGER_RUNTIME_TLS_LEADER_CA.",
+    )
+    runtime_tls_key: Path | None = Field(
+        default=None,
+        validate_default=True,
+        description="Runtimes: the unencrypted PEM private key of TOOLLEDGER_RUNTIME_TLS_CERT.",
+    )
+    runtime_tls_leader_ca: Path | None = Field(
+        default=None,
+        validate_default=True,
+        description="Runtimes: PEM CA certificate(s) that leaders' certificates must chain to; "
+        "set, every connection to a leader is TLS. Unset: plain TCP (a loopback leader).",
+    )
+    runtime_tls_leader_name: str | None = Field(
+        default=None,
+        validate_default=True,
+        description="Runtimes: the DNS name checked on every leader's certificate. Unset: the "
+        "IP the leader registered, which its certificate must carry as an IP address SAN.",
+    )
 
     @field_validator("leader_listen")
     @classmethod
@@ -157,6 +190,66 @@ class Settings(BaseSettings):
         host, sep, port = value.rpartition(":")
         if value != "off" and not (sep and host and port.isdigit() and int(port) < 65536):
             raise ValueError("must be host:port (e.g. 127.0.0.1:7311, port 0 for any) or off")
+        if host.strip("[]") in ("0.0.0.0", "::"):  # noqa: S104 -- refused, not bound
+            raise ValueError(
+                f"{host} is a wildcard; the leader registers the address it listens on in "
+                "PostgreSQL for runtimes to connect to, so it must be one they can reach (the "
+                "machine's address on their network)"
+            )
+        return value
+
+    # The TLS files of both roles, checked alike (`check_fields=False`: the leader's are
+    # `ProjectorSettings` fields, which inherit these).
+    @field_validator(*_TLS_FIELDS, mode="before", check_fields=False)
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        """An empty value is unset (compose passes `""` for an unset variable)."""
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator(*_TLS_CERTIFICATES, check_fields=False)
+    @classmethod
+    def _certificates(cls, path: Path | None) -> Path | None:
+        if path is not None:
+            from toolledger.leader.tls import check_certificates  # ssl, only where TLS is set
+
+            check_certificates(path)
+        return path
+
+    @field_validator("runtime_tls_key", "leader_tls_key", check_fields=False)
+    @classmethod
+    def _key_of(cls, key: Path | None, info: ValidationInfo) -> Path | None:
+        """The private key of the certificate beside it: both or neither."""
+        assert info.field_name is not None
+        cert_field = info.field_name.removesuffix("_key") + "_cert"
+        if cert_field not in info.data:
+            return key  # the certificate is invalid, and its own error says so
+        cert, cert_setting = info.data[cert_field], f"TOOLLEDGER_{cert_field.upper()}"
+        if cert is None and key is not None:
+            raise ValueError(f"is set without {cert_setting}, the certificate it is the key of")
+        if cert is not None and key is None:
+            raise ValueError(f"must be set with {cert_setting} (the certificate's private key)")
+        if cert is not None and key is not None:
+            from toolledger.leader.tls import check_key
+
+            check_key(cert, key, cert_setting)
+        return key
+
+    @field_validator("runtime_tls_leader_ca")
+    @classmethod
+    def _leader_ca(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        own = info.data.get("runtime_tls_cert") or info.data.get("runtime_tls_key")
+        if value is None and own:
+            raise ValueError(
+                "must be set with TOOLLEDGER_RUNTIME_TLS_CERT: TLS to leaders is on only with "
+                "the CA that verifies them, and a runtime's certificate is sent only over TLS"
+            )
+        return value
+
+    @field_validator("runtime_tls_leader_name")
+    @classmethod
+    def _leader_name(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None and info.data.get("runtime_tls_leader_ca", "") is None:
+            raise ValueError("is checked only over TLS: set TOOLLEDGER_RUNTIME_TLS_LEADER_CA")
         return value
 
     @field_validator("schema_name")
@@ -230,10 +323,37 @@ class ProjectorSettings(Settings):
         "Every key id ever used for signing, old ones forever. Required by projectors.",
     )
 
+    leader_tls_cert: Path | None = Field(
+        default=None,
+        description="Projectors: PEM certificate the leader presents to runtimes (TLS on its "
+        "listener); it must carry the leader's IP as an IP address SAN, or the name runtimes "
+        "check (TOOLLEDGER_RUNTIME_TLS_LEADER_NAME). Needs TOOLLEDGER_LEADER_TLS_KEY.",
+    )
+    leader_tls_key: Path | None = Field(
+        default=None,
+        validate_default=True,
+        description="Projectors: the unencrypted PEM private key of TOOLLEDGER_LEADER_TLS_CERT.",
+    )
+    leader_tls_runtime_ca: Path | None = Field(
+        default=None,
+        description="Projectors: PEM CA certificate(s) runtimes' certificates must chain to; "
+        "set, the leader completes a handshake only with a runtime presenting one.",
+    )
+
     @field_validator("verify_keys", mode="before")
     @classmethod
     def _parse_verify_keys(cls, value: object) -> object:
         return VerifyKeys.parse(value) if isinstance(value, str) else value
+
+    @field_validator("leader_tls_runtime_ca")
+    @classmethod
+    def _runtime_ca(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        if value is not None and info.data.get("leader_tls_cert", "") is None:
+            raise ValueError(
+                "needs TOOLLEDGER_LEADER_TLS_CERT and TOOLLEDGER_LEADER_TLS_KEY: a leader asks "
+                "runtimes for certificates only over TLS"
+            )
+        return value
 
     def require_verify_keys(self) -> VerifyKeys:
         """The public keys, or a ConfigError naming the setting (a projector needs them)."""

@@ -35,7 +35,13 @@ from benchmarks.peers import _procs
 from benchmarks.peers._cpu import listener_pid, snapshot, used
 from benchmarks.peers._dbos import Dbos
 from benchmarks.peers._restate import Restate
-from benchmarks.peers._systems import System, Toolledger, ToolledgerPipelined
+from benchmarks.peers._systems import (
+    System,
+    Toolledger,
+    ToolledgerLeader,
+    ToolledgerLeaderPipelined,
+    ToolledgerPipelined,
+)
 from benchmarks.peers.report import Round, render
 from toolledger.devstack import Services
 
@@ -106,6 +112,8 @@ async def _compare(found: Services, args: argparse.Namespace) -> str:
             systems: list[System] = [
                 Toolledger(running, pg, broker),
                 ToolledgerPipelined(running, pg, broker),
+                ToolledgerLeader(running, pg, broker),
+                ToolledgerLeaderPipelined(running, pg, broker),
                 restate,
                 dbos,
             ]

@@ -30,7 +30,7 @@ from benchmarks._runtime import (
     KEYS_SEEN,
     NAP_S,
     NAPPED,
-    RUNS,
+    RAN_FOR,
     RunningLedger,
     nap,
     nap_pipelined,
@@ -107,6 +107,8 @@ class Toolledger(System):
     prefix = "peers"
     tool: Tool[..., int] = noop
     napper: Tool[..., int] = nap
+    #: Whether its calls take the leader fast path (`RunningLedger.fast`) or the direct one.
+    leader = False
 
     def __init__(
         self, running: RunningLedger, pg: asyncpg.Connection[asyncpg.Record], broker: int | None
@@ -115,11 +117,13 @@ class Toolledger(System):
         self.running = running
         self.pg = pg
         self.broker = broker
-        self.ran_before = RUNS[self.tool.name.split(".")[1]]
         self.napped = 0
 
     async def _call(self, tool: Tool[..., int], run_id: str, n: int) -> None:
-        outcome = await self.running.ledger.call(
+        ledger = self.running.fast if self.leader else self.running.ledger
+        if ledger is None:
+            raise RuntimeError(f"{self.name}: this ledger's projector runs no leader")
+        outcome = await ledger.call(
             tool, run_id=run_id, tool_call_id=f"c{n}", tenant_id="bench", arguments={"n": n}
         )
         if outcome.value != n or outcome.replayed:
@@ -207,7 +211,7 @@ class Toolledger(System):
             await asyncio.sleep(0.02)
 
     async def verify(self) -> str:
-        ran = RUNS[self.tool.name.split(".")[1]] - self.ran_before
+        ran = RAN_FOR[self.prefix, self.tool.name.split(".")[1]]
         if ran != self.asked:
             raise RuntimeError(f"{self.name}: the tool ran {ran} times for {self.asked} calls")
         await self.settle()
@@ -247,3 +251,23 @@ class ToolledgerPipelined(Toolledger):
                 f"{self.name}: the downstream saw keys {len(seen)} keys, not once each"
             )
         return f"{checked}; the downstream got each key once"
+
+
+class ToolledgerLeader(Toolledger):
+    name = "toolledger leader"
+    durable = (
+        "a reservation before the step and an outcome after, each appended by the partition's "
+        "leader and answered from its memory once Kafka acknowledged it"
+    )
+    prefix = "leader"
+    leader = True
+
+
+class ToolledgerLeaderPipelined(ToolledgerPipelined):
+    name = "toolledger leader pipelined"
+    durable = (
+        "a reservation before the step (acknowledged through the leader; its verdict awaited "
+        "while the step runs) and an outcome after, on the leader fast path"
+    )
+    prefix = "leaderpipelined"
+    leader = True

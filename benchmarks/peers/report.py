@@ -86,6 +86,7 @@ def render(
                 f"{median([a.p50 / b.p50 for a, b in pairs]):.2f}x, CPU per step "
                 f"{median([a.cpu_total / b.cpu_total for a, b in pairs]):.2f}x"
             )
+    out += _goals(rounds, idle, median)
     out += ["", "idle CPU (nothing asked of it, before the rounds; counted in CPU per step):"]
     for system in systems:
         parts = ", ".join(f"{p} {v * 1000:.0f} ms/s" for p, v in idle[system.name].items())
@@ -94,3 +95,54 @@ def render(
     out += [f"  {s.name}: {s.durable}" for s in systems]
     out += ["", "checks:", *(f"  {c}" for c in checks), "", note]
     return "\n".join(out)
+
+
+#: The systems the fast path's goals (issue 25) are read from, and the peer they name.
+LEADER = "toolledger leader"
+LEADER_PIPELINED = "toolledger leader pipelined"
+PEER = "Restate"
+
+
+def _goals(
+    rounds: dict[str, list[Round]],
+    idle: dict[str, dict[str, float]],
+    median: Callable[[Sequence[float]], float],
+) -> list[str]:
+    """The leader's rows against issue 25's goals, when the run had the leader and Restate."""
+    if LEADER not in rounds or PEER not in rounds:
+        return []
+
+    def ratio(mine: str, figure: Callable[[Round], float]) -> float:
+        pairs = zip(rounds[mine], rounds[PEER], strict=True)
+        return median([figure(a) / figure(b) for a, b in pairs])
+
+    def rate(r: Round) -> float:
+        return r.rate
+
+    def p50(r: Round) -> float:
+        return r.p50
+
+    def cpu(r: Round) -> float:
+        return r.cpu_total
+
+    rows = [
+        ("64-way throughput", ratio(LEADER, rate), ">= 1.0x Restate", ratio(LEADER, rate) >= 1.0),
+        ("serial p50 per step", ratio(LEADER, p50), "<= 1.5x Restate", ratio(LEADER, p50) <= 1.5),
+        ("CPU per step", ratio(LEADER, cpu), "<= 1.2x Restate", ratio(LEADER, cpu) <= 1.2),
+    ]
+    lines = ["", "the leader fast path against its goals (issue 25):"]
+    for what, value, goal, met in rows:
+        lines.append(f"  {what}: {value:.2f}x (goal {goal}) {'met' if met else 'not met'}")
+    piped = [r for r in rounds.get(LEADER_PIPELINED, []) if r.added and r.added_floor]
+    if piped:
+        added = median([r.added / r.added_floor for r in piped if r.added and r.added_floor])
+        lines.append(
+            f"  pipelined 50 ms tool: adds {added:.2f}x its floor (a read and two acknowledged "
+            "appends, measured between the calls; goal <= 1.3x)"
+        )
+    quiet = sum(idle.get(LEADER, {}).values()) * 1000
+    lines.append(
+        f"  idle CPU of the stack (runtime + projector + PostgreSQL + broker): {quiet:.0f} ms/s "
+        f"(goal <= 30 ms/s) {'met' if quiet <= 30 else 'not met'}"
+    )
+    return lines

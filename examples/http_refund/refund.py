@@ -4,7 +4,7 @@
 
 The refund tool is three lines of httpx through `ToolHTTP`: the client sets the call's
 `Idempotency-Key`, marks the moment the request leaves, and turns each ending into what the
-ledger records. The payments API (`examples.http_refund.payments`, a local Stripe-like fake)
+ledger records. The payments API (`toolledger.http.fake`, a local Stripe-like fake)
 replays its first answer for a repeated key, and the tool says so
 (`external(replays_key_for=timedelta(hours=24))`).
 
@@ -22,7 +22,6 @@ from datetime import timedelta
 
 from pydantic import BaseModel
 
-from examples.http_refund.payments import FakePayments
 from toolledger import (
     Ledger,
     ToolCallIndeterminate,
@@ -32,6 +31,7 @@ from toolledger import (
     external,
 )
 from toolledger.http import ToolHTTP
+from toolledger.http.fake import FakePayments
 
 api = FakePayments()  # listens on a free loopback port once started
 payments = ToolHTTP(base_url=api.url, statuses={409: "in_progress"})

@@ -3,7 +3,7 @@
 `HttpToolScenarios` is written once and run by `TestMemoryHttpTools` (`Ledger.memory()`) and
 `TestKafkaPostgresHttpTools` (this test's topics and schema, an in-process projector). The tools
 (`tests.http_tools`) are written with `toolledger.http`; the server is the Stripe-like fake of
-the example (`examples.http_refund.payments`), listening on a loopback port and reached through
+the package (`toolledger.http.fake`), listening on a loopback port and reached through
 httpx's real transport, so "did the request leave" is decided on a real socket. The fake is
 the judge of "one effect": it counts every request and every refund it made.
 
@@ -22,7 +22,6 @@ from typing import Any
 
 import pytest
 
-from examples.http_refund.payments import FakePayments
 from tests import http_tools
 from tests.contract.runtime_harness import Harness, kafka_postgres_harness, memory_harness
 from tests.http_tools import REPLAY_WINDOW, look_up_charge, refund, refund_undeclared
@@ -31,6 +30,7 @@ from tests.isolated import Isolated
 from toolledger import Tool, ToolCallFailed, ToolCallIndeterminate
 from toolledger.events.payloads import PayloadLimits
 from toolledger.events.records import CallRecord
+from toolledger.http.fake import FakePayments
 from toolledger.processors.reconciler import Reconciler
 from toolledger.runtime.resend import ResendWindowPassed
 from toolledger.wiring.stack_port import StackPort

@@ -1,10 +1,11 @@
 """The CI drill: real runtime, projector and reconciler processes SIGKILLed on purpose.
 
-50 agent runs of 5 tool calls each, driven by runtime worker processes of which about 100 are
-SIGKILLed (at each named kill point and at random moments; every kind at least once), while
-projectors are killed inside and between batches, frozen into zombies, the reconciler is
-killed, LISTEN sessions are ended, events are re-appended and poison is appended. Every check
-of `toolledger.drill.checks` must hold: one record per key, at most one effect per key and per
+50 agent runs of 5 tool calls each, driven by runtime worker processes on the leader fast path
+(`TOOLLEDGER_LEADER=auto`), of which about 100 are SIGKILLed (at each named kill point and at
+random moments; every kind at least once), while projectors, and so the partitions' leaders, are
+killed inside and between batches and frozen into zombies, the reconciler is killed, LISTEN
+sessions are ended, events are re-appended and poison is appended. Every check of
+`toolledger.drill.checks` must hold: one record per key, at most one effect per key and per
 step, exactly one effect per call of every finished run, no completed call run twice, every
 unsettled call listed by the operator service, and the ledger equal to a re-fold of the log.
 The kill plan is seeded (`TOOLLEDGER_DRILL_SEED` overrides it); a failure prints the seed, the
@@ -61,6 +62,8 @@ async def test_the_ci_drill_keeps_every_guarantee_through_a_hundred_kills(
         "reconciler kills": chaos.reconciler_kills,
         "LISTEN sessions killed": chaos.listen_kills,
         "poison records": len(chaos.poison),
+        # Runtimes that never reached a leader would prove nothing about leaders.
+        "verdicts answered by a leader": report.tally.heard["leader"],
     }
     never = [what for what, n in caused.items() if n < 1]
     assert not never, f"the drill claims troubles it never caused: {never}\n{summary}"

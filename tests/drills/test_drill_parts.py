@@ -7,29 +7,22 @@ here to fail on a ledger that breaks its guarantee, and to pass on one that keep
 
 from __future__ import annotations
 
-import json
-import uuid
 from collections import Counter
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
+from tests.drills.evidence import call, entry, failed, healthy
 from toolledger.drill.billing import DrillBilling, Effect, KeyVoided
-from toolledger.drill.checks import Check, Evidence, Refold, judge
+from toolledger.drill.checks import Evidence, Refold, judge
 from toolledger.drill.killpoints import KILL_KINDS, KillPlan, kinds_owed
 from toolledger.drill.model import TENANT, next_turn, tool_for
-from toolledger.drill.operator import ListingChecks
 from toolledger.drill.reset import ResetEvidence, judge_reset
 from toolledger.drill.run import DrillConfig, default_timeout
 from toolledger.errors import ExitStatus
-from toolledger.events.fold import HistoryEntry
-from toolledger.events.records import CallRecord, RunRecord
-from toolledger.projections.store import LedgerSnapshot
+from toolledger.events.records import RunRecord
 from toolledger.runtime.runs import FinalAnswer
-
-T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def test_the_model_retries_a_failed_step_with_a_new_call_id_and_then_names_every_credit() -> None:
@@ -93,93 +86,9 @@ def test_billing_makes_one_credit_per_key_and_a_void_is_forever(tmp_path: Path) 
 # -- the checks --------------------------------------------------------------------------------
 
 
-def _call(
-    key: str, status: str, credit: str | None = None, settled_by: str = "runtime"
-) -> CallRecord:
-    run_id, _, call_id = key.partition(":")
-    return CallRecord(
-        key=key,
-        run_id=run_id,
-        tool_call_id=call_id,
-        tenant_id=TENANT,
-        tool="drill.charge",
-        effect="external",
-        status=status,
-        version=2,
-        reservation_id=uuid.uuid4(),
-        args_digest="d",
-        arguments_json="{}",
-        requires_approval=False,
-        deadline=T0 + timedelta(seconds=1),
-        result_json=None if credit is None else json.dumps({"credit_id": credit}),
-        settled_by=settled_by,
-        created_at=T0,
-        updated_at=T0,
-    )
-
-
-def _entry(key: str, offset: int, event_type: str, event: dict[str, object]) -> HistoryEntry:
-    return HistoryEntry(
-        key=key,
-        event_id=uuid.uuid4(),
-        event_type=event_type,
-        partition=0,
-        offset=offset,
-        accepted=True,
-        reason="accepted",
-        detail="",
-        occurred_at=T0,
-        actor="runtime:h/1",
-        version=1,
-        event_json=json.dumps(event),
-        chain_hash="",
-    )
-
-
-def _healthy() -> Evidence:
-    """One finished run of two steps: step 0 failed once (no effect) and was retried."""
-    calls = {
-        "r1:s0": _call("r1:s0", "failed", settled_by="reconcile"),
-        "r1:s0r1": _call("r1:s0r1", "completed", "cr_a"),
-        "r1:s1": _call("r1:s1", "completed", "cr_b"),
-    }
-    history = [_entry(key, n, "call_reserved", {}) for n, key in enumerate(calls, start=1)] + [
-        _entry("r1", 9, "run_finished", {"detail": "charged acct-r1 2 times: cr_a, cr_b"})
-    ]
-    snapshot = LedgerSnapshot(
-        calls=calls,
-        runs={"r1": RunRecord(run_id="r1", tenant_id=TENANT, version=5, status="completed")},
-        history=history,
-        dead_letters=0,
-    )
-    return Evidence(
-        snapshot=snapshot,
-        effects=[Effect("r1:s0r1", "cr_a", "r1/s0"), Effect("r1:s1", "cr_b", "r1/s1")],
-        requests={"r1:s0r1": Counter(credited=1), "r1:s1": Counter(credited=1)},
-        runs=["r1"],
-        calls=2,
-        tenant=TENANT,
-        reconciler_pids=set(),
-        listing=ListingChecks(passes=3, judged=4),
-        unsettled_at_end=set(),
-        listed_at_end=set(),
-        refold=Refold("abc", "abc", 4, []),
-        poison=[],
-        kills=Counter(model=1),
-        kills_requested=1,
-        unattributed_kills=0,
-        errors=[],
-    )
-
-
-def _failed(evidence: Evidence) -> set[str]:
-    checks: list[Check] = judge(evidence)[0]
-    return {c.name for c in checks if not c.ok}
-
-
 def test_a_ledger_that_keeps_its_guarantees_passes_every_check() -> None:
-    evidence = _healthy()
-    assert _failed(evidence) == set()
+    evidence = healthy()
+    assert failed(evidence) == set()
     tally = judge(evidence)[1]
     assert (tally.keys, tally.completed, tally.failed, tally.duplicates) == (3, 2, 1, 0)
     assert tally.unknowns == 1  # the reconciled one
@@ -188,10 +97,10 @@ def test_a_ledger_that_keeps_its_guarantees_passes_every_check() -> None:
 def test_a_second_charge_of_one_step_under_a_new_key_is_a_duplicate_effect() -> None:
     """The idempotency key cannot stop a run that retried a step whose first call took effect
     (the ledger said failed while billing had the credit): only the memo shows it."""
-    evidence = _healthy()
+    evidence = healthy()
     evidence.effects.append(Effect("r1:s0", "cr_z", "r1/s0"))
     evidence.requests = {**evidence.requests, "r1:s0": Counter(credited=1)}
-    assert _failed(evidence) == {
+    assert failed(evidence) == {
         "at most one external effect per key and per step",
         "exactly one effect for every call of a finished run",
         "the ledger tells the truth about effects",
@@ -199,45 +108,45 @@ def test_a_second_charge_of_one_step_under_a_new_key_is_a_duplicate_effect() -> 
 
 
 def test_a_completed_call_that_reached_billing_twice_ran_twice() -> None:
-    evidence = _healthy()
+    evidence = healthy()
     evidence.requests = {**evidence.requests, "r1:s1": Counter(credited=1, replayed=1)}
-    assert _failed(evidence) == {"no completed call ran twice"}
+    assert failed(evidence) == {"no completed call ran twice"}
 
 
 def test_a_request_without_a_ledger_record_or_an_event_applied_twice_is_caught() -> None:
-    evidence = _healthy()
+    evidence = healthy()
     evidence.requests = {**evidence.requests, "r1:ghost": Counter(credited=1)}
-    assert "exactly one ledger record per key" in _failed(evidence)
-    evidence = _healthy()
+    assert "exactly one ledger record per key" in failed(evidence)
+    evidence = healthy()
     history = evidence.snapshot.history
     twice = replace(
         evidence.snapshot, history=[*history, history[0].model_copy(update={"offset": 20})]
     )
     evidence.snapshot = twice
-    assert _failed(evidence) == {"exactly one ledger record per key"}
+    assert failed(evidence) == {"exactly one ledger record per key"}
 
 
 def test_an_unsettled_call_missing_from_the_operator_listing_is_a_violation() -> None:
-    evidence = _healthy()
+    evidence = healthy()
     evidence.listing.missing.add("r1:s2")
-    assert _failed(evidence) == {"every unsettled call listed by the operator API"}
-    evidence = _healthy()
+    assert failed(evidence) == {"every unsettled call listed by the operator API"}
+    evidence = healthy()
     evidence.unsettled_at_end = {"r1:s2"}
-    assert _failed(evidence) == {"every unsettled call listed by the operator API"}
+    assert failed(evidence) == {"every unsettled call listed by the operator API"}
 
 
 def test_a_ledger_that_a_refold_does_not_reproduce_is_a_violation() -> None:
-    evidence = _healthy()
+    evidence = healthy()
     evidence.refold = Refold("abc", "abd", 4, [])
-    assert _failed(evidence) == {"the ledger equals a re-fold of the log"}
+    assert failed(evidence) == {"the ledger equals a re-fold of the log"}
 
 
 def test_a_model_told_another_credit_than_billing_made_is_a_violation() -> None:
-    evidence = _healthy()
+    evidence = healthy()
     runs = evidence.snapshot.history
-    told = [*runs[:-1], _entry("r1", 9, "run_finished", {"detail": "charged: cr_a, cr_x"})]
+    told = [*runs[:-1], entry("r1", 9, "run_finished", {"detail": "charged: cr_a, cr_x"})]
     evidence.snapshot = replace(evidence.snapshot, history=told)
-    assert _failed(evidence) == {"exactly one effect for every call of a finished run"}
+    assert failed(evidence) == {"exactly one effect for every call of a finished run"}
 
 
 FINISHED = "every run finished within the drill's timeout"
@@ -245,27 +154,27 @@ KILLS = "every kind of runtime kill delivered"
 
 
 def test_an_unfinished_run_and_no_kills_at_all_are_violations() -> None:
-    evidence = _healthy()
+    evidence = healthy()
     evidence.snapshot.runs["r1"] = RunRecord(run_id="r1", tenant_id=TENANT, version=5)
     evidence.kills = Counter()
-    assert {FINISHED, KILLS} <= _failed(evidence)
+    assert {FINISHED, KILLS} <= failed(evidence)
 
 
 def test_fewer_kills_than_planned_pass_when_every_kind_struck_and_fail_when_one_never_did() -> None:
     """A loaded machine failed a drill on "28 of 30 requested" although every kind of kill had
     struck: plans miss when their worker finishes first. The check asks for every kind (as
     many kinds as kills were planned), not for the count; a kind never delivered fails it."""
-    evidence = _healthy()
+    evidence = healthy()
     evidence.kills_requested = 30
     evidence.kills = Counter({kind: 4 for kind in KILL_KINDS})
-    assert _failed(evidence) == set()
+    assert failed(evidence) == set()
     assert sum(evidence.kills.values()) < 30
     evidence.kills = Counter({kind: 5 for kind in KILL_KINDS if kind != "response_lost"})
-    assert _failed(evidence) == {KILLS}
+    assert failed(evidence) == {KILLS}
     check = next(c for c in judge(evidence)[0] if c.name == KILLS)
     assert "never delivered: response_lost" in check.detail
     evidence.kills_requested, evidence.kills = 2, Counter(model=1, external=1)
-    assert _failed(evidence) == set()
+    assert failed(evidence) == set()
 
 
 def test_the_driver_aims_at_the_kinds_of_kill_still_owed() -> None:
@@ -285,16 +194,16 @@ def test_a_drill_that_ran_out_of_time_says_so_and_calls_in_flight_are_not_lies()
     """The long drill on a slow machine ran out of its timeout and then reported its calls
     still in flight as "the ledger tells the truth about effects: VIOLATED". A time-out must
     be reported as one, and a credit whose call is unsettled at that moment is in flight."""
-    evidence = _healthy()
+    evidence = healthy()
     evidence.calls = 3
-    evidence.snapshot.calls["r1:s2"] = _call("r1:s2", "started")
+    evidence.snapshot.calls["r1:s2"] = call("r1:s2", "started")
     evidence.snapshot.runs["r1"] = RunRecord(run_id="r1", tenant_id=TENANT, version=5)
     evidence.effects.append(Effect("r1:s2", "cr_c", "r1/s2"))
     evidence.requests = {**evidence.requests, "r1:s2": Counter(credited=1)}
-    assert "the ledger tells the truth about effects" in _failed(evidence)
+    assert "the ledger tells the truth about effects" in failed(evidence)
     evidence.timed_out, evidence.timeout = True, 1800.0
     checks = {c.name: c for c in judge(evidence)[0]}
-    assert _failed(evidence) == {FINISHED}
+    assert failed(evidence) == {FINISHED}
     assert checks[FINISHED].failed_as == "TIMED OUT"
     assert (
         "timed out after 1800 s with 0 of 1 runs completed in the ledger" in checks[FINISHED].detail
@@ -303,8 +212,8 @@ def test_a_drill_that_ran_out_of_time_says_so_and_calls_in_flight_are_not_lies()
         "in flight at the time-out (1" in checks["the ledger tells the truth about effects"].detail
     )
     # A failed call that took effect is a lie, time-out or not.
-    evidence.snapshot.calls["r1:s2"] = _call("r1:s2", "failed")
-    assert "the ledger tells the truth about effects" in _failed(evidence)
+    evidence.snapshot.calls["r1:s2"] = call("r1:s2", "failed")
+    assert "the ledger tells the truth about effects" in failed(evidence)
 
 
 def test_the_default_timeout_follows_the_work() -> None:
@@ -338,49 +247,47 @@ def test_poison_that_is_not_dead_lettered_or_quarantined_or_that_hits_a_drill_ru
     """Undecodable bytes must land in the dead letters and quarantine their own run only: a
     poisoned record folded as nothing, a poisoned run left open, or a drill run quarantined by
     someone else's poison are each a violation."""
-    assert _failed(_poisoned(_healthy())) == set()
-    assert _failed(_poisoned(_healthy(), dead_letters=0)) == {"poison events dead-lettered"}
-    assert _failed(_poisoned(_healthy(), quarantined=False)) == {"poison events dead-lettered"}
-    evidence = _poisoned(_healthy())
+    assert failed(_poisoned(healthy())) == set()
+    assert failed(_poisoned(healthy(), dead_letters=0)) == {"poison events dead-lettered"}
+    assert failed(_poisoned(healthy(), quarantined=False)) == {"poison events dead-lettered"}
+    evidence = _poisoned(healthy())
     evidence.snapshot.runs["r1"] = evidence.snapshot.runs["r1"].model_copy(
         update={"quarantined": True}
     )
-    assert _failed(evidence) == {"poison events dead-lettered"}
+    assert failed(evidence) == {"poison events dead-lettered"}
 
 
 def test_an_error_in_a_runtime_or_a_chaos_action_is_a_violation() -> None:
     """A worker that crashed on an exception, or a trouble the drill meant to cause and could
     not, means the drill did not test what it says it did."""
-    evidence = _healthy()
+    evidence = healthy()
     evidence.errors = ["chaos action kill_listen: OSError('connection refused')"]
-    assert _failed(evidence) == {"no unexpected runtime errors"}
+    assert failed(evidence) == {"no unexpected runtime errors"}
 
 
 def test_a_projector_stopped_by_the_identity_check_on_an_intact_log_is_a_violation() -> None:
     """The log-identity stop is for a broker that lost its data; on an intact log it is a
     false alarm that would halt production."""
-    evidence = _healthy()
+    evidence = healthy()
     evidence.identity_stops = ["projector-3: toolledger projector: stopped: epoch marker gone"]
-    assert _failed(evidence) == {
-        "no projector stopped with the log-identity error on an intact log"
-    }
+    assert failed(evidence) == {"no projector stopped with the log-identity error on an intact log"}
 
 
 def test_a_zombie_projector_that_did_not_stand_down_is_a_violation() -> None:
     """A resumed zombie that never noticed it lost its partitions may write as a second owner."""
-    evidence = _healthy()
+    evidence = healthy()
     evidence.zombies, evidence.zombies_stood_down = 2, 2
-    assert _failed(evidence) == set()
+    assert failed(evidence) == set()
     evidence.zombies_stood_down = 1
-    assert _failed(evidence) == {"zombie projectors stood down"}
+    assert failed(evidence) == {"zombie projectors stood down"}
 
 
 def test_a_runtime_worker_killed_at_no_known_point_is_a_violation() -> None:
     """Every SIGKILL of a worker is the drill's own (a kill point or the external killer); one
     nobody sent means something else killed it, and the kill count would lie."""
-    evidence = _healthy()
+    evidence = healthy()
     evidence.unattributed_kills = 1
-    assert _failed(evidence) == {KILLS}
+    assert failed(evidence) == {KILLS}
 
 
 def _reset(**changes: object) -> set[str]:

@@ -1,32 +1,51 @@
-"""A projector process whose projection never commits: its leader answers, nothing is written.
+"""A projector process (and so a leader) with one behaviour changed, for the leader's tests.
 
-`python -m tests.integration.leader_worker` runs a projector (and so a leader) on the
-`TOOLLEDGER_*` environment, with the store's batch write replaced by a wait that never ends.
-The leader folds and answers from memory as usual, and the projector is stuck in its first
-batch's transaction forever: the state "answered, projection not committed" that
-`tests/integration/test_leader.py` SIGKILLs it in. It prints `leading` once it holds every
-partition.
+`python -m tests.integration.leader_worker [never-commits | late-lock-checks]` runs a projector
+on the `TOOLLEDGER_*` environment and prints `leading` once it holds every partition with the
+change in force:
+
+- `never-commits` (the default): the store's batch write is replaced by a wait that never
+  ends. The leader folds and answers from memory as usual, and the projector is stuck in its
+  first batch's transaction forever: the state "answered, projection not committed" that
+  `tests/integration/test_leader.py` SIGKILLs it in.
+- `late-lock-checks`: once every partition is held, the projector re-checks its advisory locks
+  only hourly (`Projector.ownership_interval`, a quarter of a second otherwise). Frozen, taken
+  over and resumed, it is a zombie that has not noticed: it goes on fetching and sends its next
+  batch, so what stops it is the offset compare-and-set ("another projector took this
+  partition over"), not the lock check a real projector would usually reach first.
+  `tests/integration/test_leader_zombie.py` makes that window certain this way instead of
+  hoping to freeze a projector inside it. This mode logs at INFO.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
+import time
 from typing import Any
 
 from tests.integration.procs import until
 from toolledger.settings import ProjectorSettings, load_settings
 from toolledger.wiring.stack import LedgerStack
 
+#: Seconds between lock checks in `late-lock-checks` once every partition is held.
+LATE = 3600.0
 
-async def main() -> None:
+
+async def main(mode: str) -> None:
     settings = load_settings(ProjectorSettings)
+    if mode == "late-lock-checks":
+        logging.basicConfig(
+            level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s"
+        )
     stack = await LedgerStack.connect(settings, run_projector=True, listen=False)
 
     async def never_commits(*_args: Any, **_kwargs: Any) -> Any:
         await asyncio.Event().wait()  # the test SIGKILLs this process here
 
-    stack.store.apply_written = never_commits  # type: ignore[method-assign]
+    if mode == "never-commits":
+        stack.store.apply_written = never_commits  # type: ignore[method-assign]
     projector = stack.projector
     assert projector is not None
     await until(
@@ -34,9 +53,20 @@ async def main() -> None:
         timeout=30,
         what="every partition owned",
     )
+    if mode == "late-lock-checks":
+        projector.ownership_interval = LATE
+        await until(
+            lambda: projector._next_ownership - time.monotonic() > LATE / 2 or None,
+            timeout=30,
+            what="the next lock check an hour away",
+        )
     sys.stdout.write("leading\n")
     await stack.projector_task
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    modes = ("never-commits", "late-lock-checks")
+    chosen = sys.argv[1] if len(sys.argv) > 1 else modes[0]
+    if chosen not in modes:
+        raise SystemExit(f"usage: python -m tests.integration.leader_worker [{' | '.join(modes)}]")
+    asyncio.run(main(chosen))

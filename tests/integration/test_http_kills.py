@@ -24,7 +24,6 @@ from pathlib import Path
 
 import pytest
 
-from examples.http_refund.payments import FakePayments
 from tests import http_tools
 from tests.contract.runtime_harness import ROOT, Harness, kafka_postgres_harness
 from tests.http_tools import PAYMENTS_URL_ENV, refund
@@ -32,6 +31,7 @@ from tests.integration.http_worker import ARGUMENTS
 from tests.integration.procs import Procs, toolledger_env, until
 from tests.isolated import Isolated, child_env
 from toolledger.events.records import CallRecord
+from toolledger.http.fake import FakePayments
 from toolledger.processors.reconciler import Reconciler
 from toolledger.wiring.stack_port import StackPort
 

@@ -13,17 +13,20 @@ import signal
 import struct
 import time
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import pytest
 
 from tests import builders as b
 from tests.contract.runtime_harness import ARGS
 from tests.fake_billing import FakeBilling, use_service
+from tests.integration.leader_support import all_led as _all_led
+from tests.integration.leader_support import calls as _calls
+from tests.integration.leader_support import history_count as _history_count
+from tests.integration.leader_support import leader_of as _leader
+from tests.integration.leader_support import leader_settings as _settings
+from tests.integration.leader_support import runtime_port as _runtime
 from tests.integration.procs import Procs, toolledger_env, until
 from tests.isolated import Isolated, running_stack
 from tests.pipelined_tools import credit
@@ -32,64 +35,7 @@ from toolledger.events.codec import encode
 from toolledger.events.models import Event
 from toolledger.events.records import CallRecord, Verdict
 from toolledger.leader.frames import Kind, encode_frame
-from toolledger.leader.runtime_port import LeaderPort
-from toolledger.leader.server import LeaderServer
-from toolledger.projections.migrations import quote_ident
-from toolledger.settings import ProjectorSettings
-from toolledger.wiring.leader import leader_port
 from toolledger.wiring.stack import LedgerStack
-from toolledger.wiring.stack_port import StackPort
-
-
-def _settings(isolated: Isolated, **fields: Any) -> ProjectorSettings:
-    """The test's settings, runtimes on the fast path (`TOOLLEDGER_LEADER=auto`)."""
-    return isolated.settings(ProjectorSettings, verify_keys=b.KEYS, **{"leader": "auto", **fields})
-
-
-@asynccontextmanager
-async def _runtime(stack: LedgerStack, settings: ProjectorSettings) -> AsyncIterator[LeaderPort]:
-    """A runtime's `LeaderPort` on `stack`, once every partition has a leader registered."""
-    port = leader_port(StackPort(stack), settings)
-    assert isinstance(port, LeaderPort)
-    try:
-        yield port
-    finally:
-        await port.close()
-
-
-async def _all_led(port: LeaderPort, partitions: int) -> dict[int, str | None]:
-    async def led() -> dict[int, str | None] | None:
-        found = await port.directory.leaders()
-        return found if len([a for a in found.values() if a]) == partitions else None
-
-    return await until(led, timeout=15, what="a leader registered for every partition")
-
-
-def _leader(stack: LedgerStack) -> LeaderServer:
-    assert stack.projector is not None and isinstance(stack.projector.follower, LeaderServer)
-    return stack.projector.follower
-
-
-def _calls(n: int) -> list[Event]:
-    """A reservation of `n` calls over several runs, each followed by its outcome."""
-    events: list[Event] = []
-    for i in range(n):
-        reserved = b.reserved(f"run-{i % 3}", f"c{i}", t=i)
-        events += [reserved, b.completed(reserved, t=i + 0.5)]
-    return events
-
-
-async def _history_count(isolated: Isolated, event_ids: list[uuid.UUID]) -> dict[uuid.UUID, int]:
-    conn = await asyncpg.connect(isolated.database_url)
-    try:
-        rows = await conn.fetch(
-            f"SELECT event_id, count(*) AS n FROM {quote_ident(isolated.schema)}."  # noqa: S608
-            "tool_execution_history WHERE event_id = ANY($1::uuid[]) GROUP BY event_id",
-            event_ids,
-        )
-    finally:
-        await conn.close()
-    return {uuid.UUID(bytes=r["event_id"].bytes): int(r["n"]) for r in rows}
 
 
 async def test_a_leader_killed_before_its_projection_committed_leaves_the_same_verdicts(

@@ -132,3 +132,27 @@ async def test_work_runs_in_a_context_of_its_own_before_and_after_suspending() -
     assert where.get() == "caller", "the work's first step set nothing in the caller's context"
     assert await landing == ("caller", "work")
     assert where.get() == "caller"
+
+
+async def test_a_timeout_entered_before_the_first_suspension_bounds_the_work_not_the_caller() -> (
+    None
+):
+    """An outcome's append bounded by `asyncio.timeout` (a leader's answer, a Kafka try) that
+    suspends inside that bound must time out itself: the CI drill's runtime workers died of a
+    CancelledError when a killed leader's bound ran out, because the first step ran in the
+    caller's task and the timeout cancelled the caller instead."""
+    background = BackgroundAppends()
+
+    async def bounded() -> str:
+        try:
+            async with asyncio.timeout(0.01):
+                await asyncio.Event().wait()
+        except TimeoutError:
+            return "timed out itself"
+        return "unreachable"
+
+    async def caller() -> str:
+        landing = background.start(bounded(), "bounded")
+        return await asyncio.shield(landing)
+
+    assert await asyncio.create_task(caller()) == "timed out itself"

@@ -18,7 +18,6 @@ import httpx
 import pytest
 
 import toolledger.http
-from examples.http_refund.payments import FakePayments
 from tests.http_tools import look_up_charge, refund, refund_undeclared
 from tests.integration.procs import until
 from toolledger import SideEffect, ToolContext, ToolExecutionRecord, Toolset, external
@@ -33,6 +32,7 @@ from toolledger.http import (
     ToolHTTP,
     outcome_of,
 )
+from toolledger.http.fake import FakePayments
 from toolledger.runtime.resend import RefusedBeforeLookup
 from toolledger.testing import assert_tool_contract, fake_tool_context
 

@@ -142,6 +142,14 @@ DOCUMENTED_MODULES = {
         "meta_for",
     ],
     "toolledger.testing": ["Operator", "assert_tool_contract", "fake_tool_context"],
+    "toolledger.http.fake": [
+        "Answer",
+        "FakePayments",
+        "MemoryBook",
+        "Received",
+        "RefundBook",
+        "answer_json",
+    ],
     "toolledger.subscribe": ["Fact", "FactFilter", "requests", "subscribe", "subscribe_group"],
 }
 

@@ -16,7 +16,7 @@ import signal
 import sys
 from collections.abc import Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import click
 from rich.console import Console
@@ -56,6 +56,13 @@ if TYPE_CHECKING:
 )
 @click.option("--runs-per-worker", default=8, show_default=True, type=click.IntRange(min=1))
 @click.option("--partitions", default=4, show_default=True, type=click.IntRange(min=1))
+@click.option(
+    "--leader",
+    type=click.Choice(["auto", "off"]),
+    default="auto",
+    show_default=True,
+    help="The runtimes' path: the leader fast path (auto), or the direct path only (off).",
+)
 @click.option(
     "--projector-kill-every",
     default=8.0,
@@ -106,6 +113,7 @@ def drill(
     spares: int,
     runs_per_worker: int,
     partitions: int,
+    leader: Literal["auto", "off"],
     projector_kill_every: float,
     zombie_every: float,
     reconciler_kill_every: float,
@@ -117,6 +125,7 @@ def drill(
 ) -> None:
     """Kill runtimes, projectors and reconcilers at random points, then check the ledger."""
     require("server", "the drill (it runs reconcilers)", PROCESSORS)
+    require("http", "the drill (its refund tool is an HTTP tool)")
     from toolledger.drill.run import DrillConfig
 
     configure_logging(logging.WARNING)
@@ -137,6 +146,7 @@ def drill(
         spares=spares,
         runs_per_worker=runs_per_worker,
         partitions=partitions,
+        leader=leader,
         projector_kill_every=projector_kill_every,
         zombie_every=zombie_every,
         reconciler_kill_every=reconciler_kill_every,

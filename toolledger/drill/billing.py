@@ -77,6 +77,12 @@ class DrillBilling:
 
         Raises `KeyVoided` (nothing made) if a lookup voided the key. Every request is counted.
         """
+        return self.credit_once(account_id, amount_cents, memo, key=key)[0]
+
+    def credit_once(
+        self, account_id: str, amount_cents: int, memo: str, *, key: str
+    ) -> tuple[Credit, bool]:
+        """`credit`, and whether the credit is the key's first one replayed (made earlier)."""
         db = self._connect()
         try:
             db.execute("BEGIN IMMEDIATE")
@@ -102,7 +108,8 @@ class DrillBilling:
                 f"billing refused the request under {key}: a reconcile lookup voided this key "
                 "after finding no credit, so nothing was charged"
             )
-        return Credit(credit_id=row[0], account_id=row[1], amount_cents=row[2], memo=row[3])
+        credit = Credit(credit_id=row[0], account_id=row[1], amount_cents=row[2], memo=row[3])
+        return credit, outcome == "replayed"
 
     def lookup(self, key: str, *, void: bool) -> Credit | None:
         """The credit made under `key`, if any. With `void`, a key without a credit is voided

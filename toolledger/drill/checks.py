@@ -6,7 +6,10 @@ every request, `toolledger.drill.billing`), and a re-fold of the log into a fres
 billing can prove is limited to what reached it: a request that never arrived leaves no trace,
 which is why "no completed call ran twice" counts requests (every arrival) and not only credits
 (which the idempotency key already dedups), and why "one effect per step" groups credits by the
-memo the model put in the arguments, so a second charge under a new key is caught too.
+memo the model put in the arguments, so a second charge under a new key is caught too. A call
+settled by resending its request with the same key (`drill.refund`, declared `replays_key_for`)
+reaches billing again on purpose: those replays are the ledger's lookups, so for such a call
+the check counts the credits made rather than the requests.
 
 Two checks judge what the drill did rather than what the ledger kept, and both are written so
 that a loaded machine cannot fail them on a count alone: the kill check asks for every kind of
@@ -21,11 +24,13 @@ import json
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from toolledger.drill.billing import Effect
 from toolledger.drill.killpoints import KILL_KINDS
 from toolledger.drill.model import memo, step_of
 from toolledger.drill.operator import ListingChecks
+from toolledger.drill.verdicts import Heard
 from toolledger.events.fold import HistoryEntry
 from toolledger.events.records import UNSETTLED, CallRecord
 from toolledger.projections.store import LedgerSnapshot
@@ -48,6 +53,8 @@ class Refold:
     replay_digest: str
     events: int
     differences: list[str]
+    #: The re-fold's verdict (`verdicts.verdict_form`) of each event_id a runtime heard.
+    verdicts: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     @property
     def identical(self) -> bool:
@@ -83,6 +90,10 @@ class Evidence:
     zombies: int = 0
     zombies_stood_down: int = 0
     identity_stops: list[str] = field(default_factory=list)
+    #: Every verdict a runtime worker heard (`toolledger.drill.verdicts`).
+    heard: list[Heard] = field(default_factory=list)
+    #: The tools whose unknown calls are settled by resending (`replays_key_for`).
+    resent_tools: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -104,6 +115,13 @@ class Tally:
     #: "operator", or "late runtime" (its own runtime, after an unknown was recorded).
     settled: Counter[str] = field(default_factory=Counter)
     unsettled: int = 0
+    #: Verdicts the runtimes heard, by the path that answered them ("leader", "direct").
+    heard: Counter[str] = field(default_factory=Counter)
+    #: Effects by the tool of the call that made them.
+    effects_by_tool: Counter[str] = field(default_factory=Counter)
+    #: Calls settled by resending their request with the same key, and billing's replays.
+    resent: int = 0
+    lookups: int = 0
 
 
 def judge(ev: Evidence) -> tuple[list[Check], Tally]:
@@ -122,10 +140,11 @@ def judge(ev: Evidence) -> tuple[list[Check], Tally]:
         _one_record_per_key(ev, calls, history),
         _at_most_one_effect(by_key, by_step, tally),
         _one_effect_per_call_of_finished_runs(ev, calls, history, by_step),
-        _no_completed_call_ran_twice(ev, calls),
+        _no_completed_call_ran_twice(ev, calls, history),
         _effects_match_the_ledger(calls, by_key, in_flight_ok=ev.timed_out),
         _unsettled_listed(ev),
         _refold(ev.refold),
+        _heard_verdicts_are_the_logs(ev.heard, ev.refold.verdicts),
         _poison(ev),
         _kills(ev),
         Check(
@@ -157,6 +176,13 @@ def _tally(
     by_step: Mapping[str, list[Effect]],
 ) -> Tally:
     tally = Tally(keys=len(calls), effects=len(ev.effects))
+    tally.heard = Counter(h.via for h in ev.heard)
+    tally.effects_by_tool = Counter(
+        calls[e.key].tool if e.key in calls else "(no ledger record)" for e in ev.effects
+    )
+    resent = resent_keys(ev, calls, history)
+    tally.resent = len(resent)
+    tally.lookups = sum(ev.requests.get(k, Counter())["replayed"] for k in resent)
     tally.requests = sum(sum(c.values()) for c in ev.requests.values())
     tally.refused = sum(c["refused"] for c in ev.requests.values())
     tally.duplicates = sum(len(e) - 1 for e in by_key.values() if len(e) > 1) + sum(
@@ -308,19 +334,48 @@ def _one_effect_per_call_of_finished_runs(
     return Check("exactly one effect for every call of a finished run", not problems, detail)
 
 
-def _no_completed_call_ran_twice(ev: Evidence, calls: Mapping[str, CallRecord]) -> Check:
-    twice = sorted(
-        k
-        for k, c in calls.items()
-        if c.status == "completed" and sum(ev.requests.get(k, Counter()).values()) != 1
-    )
-    replayed = sorted(k for k, c in ev.requests.items() if c["replayed"])
+def resent_keys(
+    ev: Evidence, calls: Mapping[str, CallRecord], history: Mapping[str, list[HistoryEntry]]
+) -> set[str]:
+    """Keys of calls the ledger settled by resending their request with the same key (tools
+    declared `replays_key_for`): every resend is ledgered as a reconcile attempt, and the call
+    is then settled by reconcile. Billing replays such a key's first credit, and that replay is
+    the lookup, not a second run. (A resender killed before its attempt landed leaves a replay
+    without an attempt; the call is still settled by a later resend, so by reconcile.)"""
+    return {
+        key
+        for key, call in calls.items()
+        if call.tool in ev.resent_tools
+        and (
+            call.settled_by == "reconcile"
+            or any(e.event_type == "reconcile_attempted" for e in history.get(key, []))
+        )
+    }
+
+
+def _no_completed_call_ran_twice(
+    ev: Evidence, calls: Mapping[str, CallRecord], history: Mapping[str, list[HistoryEntry]]
+) -> Check:
+    resent = resent_keys(ev, calls, history)
+
+    def runs(key: str) -> int:
+        """How often the call took effect: credits made, and for a key that was never resent
+        every request (a repeated request of a completed call is a rerun)."""
+        found = ev.requests.get(key, Counter())
+        return found["credited"] if key in resent else sum(found.values())
+
+    twice = sorted(k for k, c in calls.items() if c.status == "completed" and runs(k) != 1)
+    replayed = sorted(k for k, c in ev.requests.items() if c["replayed"] and k not in resent)
     completed = sum(1 for c in calls.values() if c.status == "completed")
-    detail = f"{completed} completed calls, each reached billing exactly once"
+    lookups = sum(ev.requests.get(k, Counter())["replayed"] for k in resent)
+    detail = (
+        f"{completed} completed calls, each reached billing exactly once, but for "
+        f"{len(resent)} settled by resending (their {lookups} replays were the lookups)"
+    )
     if twice or replayed:
         detail = (
             f"completed calls reaching billing other than once: {twice[:5]}; requests for a key "
-            f"that already had its credit: {replayed[:5]}"
+            f"that already had its credit, never resent: {replayed[:5]}"
         )
     return Check("no completed call ran twice", not (twice or replayed), detail)
 
@@ -377,6 +432,36 @@ def _refold(refold: Refold) -> Check:
         f"{refold.differences[:5]}"
     )
     return Check("the ledger equals a re-fold of the log", refold.identical, detail)
+
+
+def _heard_verdicts_are_the_logs(
+    heard: list[Heard], refolded: Mapping[str, Mapping[str, Any]]
+) -> Check:
+    """Every verdict a runtime acted on is the one the log's re-fold reaches for its event_id.
+
+    A leader answers from memory before anything is committed, a zombie leader may answer after
+    it was superseded, and a resend may be answered twice: any of them telling a runtime what
+    the log does not say is a lie the ledger itself cannot show, because the projection only
+    holds what was committed. Only the runtime's own record of what it heard can.
+    """
+    problems = []
+    for h in heard:
+        found = refolded.get(h.event_id)
+        if found is None:
+            problems.append(f"{h.event_id} ({h.form.get('event_type')}): the log has no verdict")
+            continue
+        fields = sorted(k for k in h.form.keys() | found.keys() if h.form.get(k) != found.get(k))
+        if fields:
+            told = ", ".join(f"{k} {h.form.get(k)!r} != {found.get(k)!r}" for k in fields)
+            problems.append(f"{h.event_id} ({h.form.get('event_type')}, {h.via}): {told}")
+    by_path = Counter(h.via for h in heard)
+    detail = (
+        f"{len(heard)} verdicts heard ({by_path['leader']} from leaders, {by_path['direct']} "
+        "direct), each the re-fold's for its event_id"
+    )
+    if problems:
+        detail = f"{len(problems)} of {len(heard)} differ from the re-fold: {problems[:3]}"
+    return Check("every verdict a runtime heard is the re-fold's", not problems, detail)
 
 
 def _poison(ev: Evidence) -> Check:

@@ -50,6 +50,7 @@ from toolledger.drill.killpoints import (
 from toolledger.drill.ledgerdb import LedgerDB
 from toolledger.drill.model import TENANT
 from toolledger.drill.procs import Proc, Procs
+from toolledger.drill.verdicts import VERDICTS_FILE
 from toolledger.drill.worker import entry as worker_entry
 from toolledger.drill.worker import write_order
 from toolledger.projections.dberrors import DATABASE_ERRORS
@@ -138,6 +139,7 @@ class Dispatcher:
         self.progress = progress
         self.kill_log = home / "kills.jsonl"
         self.dup_log = home / "duplicates.jsonl"
+        self.verdicts = home / VERDICTS_FILE
         self.tally = DispatchTally()
         self.pending: dict[str, None] = dict.fromkeys(f"r{n:05d}" for n in range(config.runs))
         self.live: list[Worker] = []
@@ -352,6 +354,8 @@ class Dispatcher:
             str(self.kill_log),
             "--results",
             str(results),
+            "--verdicts",
+            str(self.verdicts),
             "--dup-log",
             str(self.dup_log),
             "--dup-rate",

@@ -106,17 +106,22 @@ class KillPoints:
             time.sleep(1)
 
 
-def append_line(path: Path, line: Mapping[str, object]) -> None:
-    """Append one JSON line in a single write (kept whole even with concurrent writers)."""
+def append_line(path: Path, line: Mapping[str, object], *, own_line: bool = False) -> None:
+    """Append one JSON line in a single write (kept whole even with concurrent writers).
+
+    With `own_line` it starts with a newline too: a SIGKILL can still cut a write short where
+    it crosses a page of the file (Linux stops copying between pages for a fatal signal), and
+    the torn line must not swallow the next writer's (`read_lines` skips the empty line)."""
+    text = ("\n" if own_line else "") + json.dumps(line, separators=(",", ":")) + "\n"
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        os.write(fd, (json.dumps(line, separators=(",", ":")) + "\n").encode())
+        os.write(fd, text.encode())
     finally:
         os.close(fd)
 
 
 def read_lines(path: Path) -> list[dict[str, Any]]:
-    """Every JSON line of `path` (a torn line, which single writes never leave, is skipped)."""
+    """Every JSON line of `path` (a torn line, which single writes rarely leave, is skipped)."""
     if not path.exists():
         return []
     lines = []

@@ -10,7 +10,8 @@ the same next step it would have got on the first:
 - with every step completed it answers with the credit ids it was told.
 
 Step `k` uses `drill.transfer` (no reconcile hook: an operator settles its unknowns) for one
-step in four, `drill.charge` otherwise. The arguments carry the memo `<run>/s<k>`, so billing
+step in four, `drill.refund` (over HTTP, settled by resending) for another, `drill.charge`
+otherwise. The arguments carry the memo `<run>/s<k>`, so billing
 can tell two credits of one step apart even under different keys.
 """
 
@@ -52,7 +53,8 @@ def memo(run_id: str, step: int) -> str:
 
 
 def tool_for(run_id: str, step: int) -> str:
-    return "drill.transfer" if (sum(map(ord, run_id)) + step) % 4 == 3 else "drill.charge"
+    turn = (sum(map(ord, run_id)) + step) % 4
+    return "drill.transfer" if turn == 3 else "drill.refund" if turn == 1 else "drill.charge"
 
 
 class ScriptedModel:

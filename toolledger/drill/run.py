@@ -1,11 +1,12 @@
 """One drill from start to verdict: set up, drive and trouble the runs, quiesce, check, clean up.
 
 A drill owns a fresh PostgreSQL schema and topic prefix, two projector processes, a reconciler
-process, the runtime workers the dispatcher starts, and the drill's operator (in this process).
-When every run has finished it stops the troubles and the reconciler, makes sure everything
-appended has been projected (a sentinel event per partition: once its verdict exists, every
-earlier record of that partition was folded, which end offsets cannot promise), stops the
-projectors so nothing moves, and hands the witnesses to `toolledger.drill.checks`.
+process, the payments API its refund tool sends to (`toolledger.drill.payments`, started first),
+the runtime workers the dispatcher starts, and the drill's operator (in this process).
+When every run has finished it stops the troubles, the reconciler and the payments API, makes
+sure everything appended has been projected (a sentinel event per partition: once its verdict
+exists, every earlier record of that partition was folded, which end offsets cannot promise),
+stops the projectors so nothing moves, and hands the witnesses to `toolledger.drill.checks`.
 
 With `broker_reset` the drill runs on a private broker and ends with its reset
 (`toolledger.drill.reset`); with `postgres_restarts` it runs on a private PostgreSQL and
@@ -23,9 +24,11 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from toolledger.api.service import OperatorService
 from toolledger.devstack import Services, remove_namespace
+from toolledger.drill.barrier import sentinel
 from toolledger.drill.billing import DrillBilling
 from toolledger.drill.chaos import Chaos, ChaosTally
 from toolledger.drill.checks import Check, Evidence, Tally, judge
@@ -34,13 +37,12 @@ from toolledger.drill.killpoints import read_lines
 from toolledger.drill.ledgerdb import LedgerDB
 from toolledger.drill.model import TENANT
 from toolledger.drill.operator import DrillOperator
-from toolledger.drill.procs import Procs
+from toolledger.drill.procs import Proc, Procs
 from toolledger.drill.reset import broker_reset
 from toolledger.drill.services import DrillServices, open_services
-from toolledger.drill.tools import BILLING_ENV
+from toolledger.drill.tools import BILLING_ENV, PAYMENTS_ENV, drill
+from toolledger.drill.verdicts import read_heard
 from toolledger.drill.verify import refold_log
-from toolledger.events.log import partition_for
-from toolledger.events.models import RunStarted, utcnow
 from toolledger.events.signing import SigningKey
 from toolledger.projections.postgres import PostgresLedger
 from toolledger.runtime.ledger import Ledger
@@ -62,7 +64,12 @@ class DrillConfig:
     spares: int = 2
     runs_per_worker: int = 8
     partitions: int = 4
+    #: The runtimes' path (`TOOLLEDGER_LEADER`): `auto`, the leader fast path (the projectors'
+    #: leaders answer, so projector kills and zombies are leader kills and zombies), or `off`.
+    leader: Literal["auto", "off"] = "auto"
     external_share: float = 0.15
+    #: Share of refunds the payments API makes and then leaves unanswered (dropped).
+    payments_drop_rate: float = 0.05
     double_drive_rate: float = 0.05
     dup_rate: float = 0.01
     slow_rate: float = 0.02
@@ -180,6 +187,7 @@ class _Drill:
             "TOOLLEDGER_TOPIC_PREFIX": self.prefix,
             "TOOLLEDGER_PARTITIONS": str(config.partitions),
             "TOOLLEDGER_VERIFY_KEYS": self.signer.public_setting(),
+            "TOOLLEDGER_LEADER": config.leader,
             BILLING_ENV: str(home / "billing.db"),
         }
         self.report = DrillReport(config, home, self.schema, self.prefix)
@@ -195,6 +203,7 @@ class _Drill:
         try:
             ledger = Ledger.from_stack(stack, verdict_timeout=self.settings.verdict_timeout_s)
             billing = DrillBilling(self.home / "billing.db")
+            payments = await self._start_payments(procs)
             rng = random.Random(self.config.seed)
             chaos = Chaos(
                 procs,
@@ -265,7 +274,7 @@ class _Drill:
             await dispatcher.run()
             chaos.stopping.set()
             await asyncio.gather(*tasks)
-            await self._quiesce(stack, chaos)
+            await self._quiesce(stack, chaos, payments)
             await self._judge(stack, db, billing, dispatcher, chaos, operator)
             if self.config.broker_reset:
                 self.report.checks += await broker_reset(
@@ -283,25 +292,51 @@ class _Drill:
             self.report.duration = time.monotonic() - started
         return self.report
 
-    async def _quiesce(self, stack: LedgerStack, chaos: Chaos) -> None:
+    async def _start_payments(self, procs: Procs) -> Proc:
+        """The drill's payments API (`toolledger.drill.payments`), listening before anything
+        that sends to it starts: its URL goes into every later child's environment."""
+        address = self.home / "payments.url"
+        proc = procs.python(
+            "payments",
+            "toolledger.drill.payments",
+            "--billing",
+            str(self.home / "billing.db"),
+            "--address-file",
+            str(address),
+            "--drop-rate",
+            str(self.config.payments_drop_rate),
+            "--seed",
+            str(self.config.seed),
+        )
+        deadline = time.monotonic() + 60
+        while not address.exists():
+            if not proc.alive() or time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"the drill's payments API did not start (exit status {proc.returncode}): "
+                    f"{proc.output()[-2000:]}"
+                )
+            await asyncio.sleep(0.05)
+        procs.env[PAYMENTS_ENV] = address.read_text()
+        return proc
+
+    @staticmethod
+    def _stop_payments(payments: Proc) -> list[str]:
+        """Stop the payments API; an error if it had ended before (refunds would have failed)."""
+        if not payments.alive():
+            tail = payments.output()[-3000:]
+            return [f"the payments API exited with {payments.returncode}:\n{tail}"]
+        payments.stop()
+        return []
+
+    async def _quiesce(self, stack: LedgerStack, chaos: Chaos, payments: Proc) -> None:
         """Stop every appender, then wait until everything appended has been projected."""
         if chaos.reconciler is not None and chaos.reconciler.alive():
             chaos.reconciler.stop()
+        chaos.errors += self._stop_payments(payments)
         chaos.keep_projectors()
         for partition in range(self.config.partitions):
-            run_id = next(
-                f"sentinel-{partition}-{n}"
-                for n in range(10_000)
-                if partition_for(f"sentinel-{partition}-{n}", self.config.partitions) == partition
-            )
-            sentinel = RunStarted(
-                key=run_id,
-                run_id=run_id,
-                tenant_id="drill-sentinel",
-                occurred_at=utcnow(),
-                agent="sentinel",
-            )
-            verdict = await stack.commands.append_and_await(sentinel, timeout=120)
+            appended = sentinel("sentinel", partition, self.config.partitions)
+            verdict = await stack.commands.append_and_await(appended, timeout=120)
             assert verdict.accepted, verdict.detail
         for proc in chaos.projectors:
             proc.stop()
@@ -318,6 +353,7 @@ class _Drill:
         listed = set(await operator.check_listing())
         unsettled = set(await db.unsettled(TENANT))
         live = await stack.store.snapshot()
+        heard = read_heard(dispatcher.verdicts)
         refold = await refold_log(
             stack,
             db,
@@ -327,6 +363,7 @@ class _Drill:
                 f"{self.schema}_refold",
                 verify_keys=self.settings.verify_keys,
             ),
+            heard=[h.event_id for h in heard],
         )
         dispatch = dispatcher.tally
         evidence = Evidence(
@@ -352,6 +389,8 @@ class _Drill:
             zombies=chaos.tally.zombies,
             zombies_stood_down=chaos.tally.zombies_stood_down,
             identity_stops=chaos.tally.identity_stops,
+            heard=heard,
+            resent_tools=frozenset(t.name for t in drill if t.effect.replays_key_for),
         )
         self.report.checks, self.report.tally = judge(evidence)
         self.report.dispatch = dispatch

@@ -35,13 +35,17 @@ def drill_table(report: DrillReport) -> Table:
     table.add_row("  runtime workers started", str(d.workers_started))
     results = ", ".join(f"{n} {s}" for s, n in sorted(d.results.items()))
     table.add_row("  worker run results", results or "-")
+    table.add_row(f"runtime path (TOOLLEDGER_LEADER={c.leader})", "")
+    table.add_row("  verdicts answered by a leader", str(t.heard["leader"]))
+    table.add_row("  verdicts answered by the direct path", str(t.heard["direct"]))
     table.add_row("runtime kills (SIGKILL)", str(sum(d.kills.values())))
     for point in (*KILL_POINTS, EXTERNAL, "unattributed"):
         if point != "unattributed" or d.kills[point]:
             table.add_row(f"  {point}", str(d.kills[point]))
+    leaders = " and leader" if c.leader == "auto" else ""
     for where in ("between batches", "inside a batch"):
-        table.add_row(f"projector kills, {where}", str(ch.projector_kills[where]))
-    table.add_row("zombie projectors (frozen, sessions ended, resumed)", str(ch.zombies))
+        table.add_row(f"projector{leaders} kills, {where}", str(ch.projector_kills[where]))
+    table.add_row(f"zombie projectors{leaders}s (frozen, sessions ended, resumed)", str(ch.zombies))
     table.add_row("reconciler kills", str(ch.reconciler_kills))
     table.add_row("LISTEN sessions killed", str(ch.listen_kills))
     if c.postgres_restarts:
@@ -49,8 +53,14 @@ def drill_table(report: DrillReport) -> Table:
     table.add_row("events re-appended (producer retries)", str(report.duplicates_appended))
     table.add_row("poison records", str(len(ch.poison)))
     table.add_row("calls (ledger keys)", f"{t.keys}: {t.completed} completed, {t.failed} failed")
-    table.add_row("billing requests", f"{t.requests} ({t.refused} refused: voided keys)")
+    table.add_row(
+        "billing requests (the payments API's included)",
+        f"{t.requests} ({t.refused} refused: voided keys)",
+    )
     table.add_row("effects (credits)", str(t.effects))
+    by_tool = ", ".join(f"{n} {tool}" for tool, n in sorted(t.effects_by_tool.items()))
+    table.add_row("  by tool", by_tool or "-")
+    table.add_row("  refunds settled by resending (billing's replays)", f"{t.resent} ({t.lookups})")
     table.add_row("duplicate effects (must be 0)", str(t.duplicates))
     table.add_row("unknowns (no outcome from their runtime in time)", str(t.unknowns))
     table.add_row("  of which the runtime reported indeterminate", str(t.indeterminate))

@@ -13,18 +13,16 @@ JSON line per run goes to `--results` (`completed`, `awaiting_reconciliation`, `
 hands out the runs, reads the results, and SIGKILLs workers from outside as well.
 
 The kill points (`toolledger.drill.killpoints`) are wired in here: the model's and the tools'
-by module-level hooks, and the ones around the ledger by `DrillCommands`, which wraps the
-stack's command path (`reserved` after an accepted reservation verdict, `before_outcome` and
-`after_outcome` around the runtime's outcome append). `DrillCommands` also plays a producer
-that retries: now and then it appends an event's bytes a second time, right away or after
-later events, and the projector must apply that event once.
+by module-level hooks, and the ones around the ledger by the worker's port (`DrillPort`,
+`toolledger.drill.port`), which also plays a producer that retries and writes down every
+verdict the runtime hears, with the path that answered it (`--verdicts`). The port is the one
+`Ledger.connect()` would give (the leader fast path with `TOOLLEDGER_LEADER=auto`), wrapped.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import logging
 import os
@@ -36,86 +34,24 @@ from typing import Any
 
 from toolledger import Ledger, LedgerUnavailable, RunSuperseded
 from toolledger.drill import tools
+from toolledger.drill.barrier import barrier
 from toolledger.drill.killpoints import KillPlan, KillPoints, append_line
 from toolledger.drill.model import AGENT, TENANT, ScriptedModel, prompt
-from toolledger.events.codec import encode
-from toolledger.events.log import LogError, Position
-from toolledger.events.models import (
-    CallCompleted,
-    CallFailed,
-    CallIndeterminate,
-    CallReserved,
-    Event,
-)
-from toolledger.events.records import Verdict
+from toolledger.drill.port import DirectPath, DrillPort, Duplicates
+from toolledger.drill.verdicts import VerdictRecord
+from toolledger.events.log import LogError
 from toolledger.projections.dberrors import DATABASE_ERRORS
 from toolledger.runtime.runs import AgentRun
-from toolledger.wiring.commands import LedgerCommands
+from toolledger.settings import Settings, load_settings
+from toolledger.wiring.leader import leader_port
+from toolledger.wiring.stack import LedgerStack
 
-
-class DrillCommands(LedgerCommands):
-    """The stack's commands with the ledger-side kill points and duplicate deliveries."""
-
-    def __init__(
-        self,
-        base: LedgerCommands,
-        kill_points: KillPoints,
-        *,
-        dup_rate: float,
-        dup_log: Path | None,
-        rng: random.Random,
-    ) -> None:
-        super().__init__(base.events, base.waiter)
-        self.kill_points = kill_points
-        self.dup_rate = dup_rate
-        self.dup_log = dup_log
-        self.rng = rng
-        self._later: list[Event] = []
-
-    async def append(self, event: Event, timeout: float) -> Position:
-        outcome = _runtime_outcome(event)
-        if outcome:
-            self.kill_points.reach("before_outcome", event.key)
-        position = await super().append(event, timeout)
-        await self._duplicate(event)
-        if outcome:
-            self.kill_points.reach("after_outcome", event.key)
-        return position
-
-    async def append_and_await(self, event: Event, timeout: float) -> Verdict:
-        verdict = await super().append_and_await(event, timeout)
-        if isinstance(event, CallReserved) and verdict.accepted:
-            self.kill_points.reach("reserved", event.key)
-        return verdict
-
-    async def _duplicate(self, event: Event) -> None:
-        """Now and then, append an event's bytes again: this one now, or an earlier one late."""
-        if self.dup_rate <= 0:
-            return
-        roll = self.rng.random()
-        if roll < self.dup_rate:
-            again: Event | None = event
-        elif roll < 2 * self.dup_rate:
-            self._later.append(event)
-            again = None
-        else:
-            again = self._later.pop(0) if self._later and roll > 1 - self.dup_rate else None
-        if again is None:
-            return
-        if self.dup_log is not None:
-            append_line(self.dup_log, {"event_id": str(again.event_id), "type": again.type})
-        with contextlib.suppress(LogError):  # a retry that fails is one that did not happen
-            await self.events.append(again.run_id, encode(again))
-
-
-def _runtime_outcome(event: Event) -> bool:
-    if isinstance(event, CallCompleted | CallFailed):
-        return event.source == "runtime"
-    return isinstance(event, CallIndeterminate)
+#: Seconds a worker waits for a barrier's verdict (a projector taking over a partition).
+BARRIER_TIMEOUT = 60.0
 
 
 async def _drive(
-    ledger: Ledger, run_id: str, calls: int, kill_points: KillPoints
+    ledger: Ledger, run_id: str, calls: int, kill_points: KillPoints, partitions: int
 ) -> dict[str, Any]:
     run = AgentRun(
         ledger,
@@ -127,6 +63,14 @@ async def _drive(
     )
     try:
         record = await ledger.stack.store.get_run(run_id)
+        if record is not None and record.status == "running":
+            # A run taken over from a dead worker is judged (orphaned?) and resumed from what
+            # PostgreSQL holds, and that worker may have heard verdicts from a leader that
+            # are not committed yet: read it again after a barrier, or the resume would start
+            # from an older checkpoint and be fenced off as a stale driver. (A paused run is
+            # resumed once PostgreSQL shows its call settled, so its pause is committed.)
+            await barrier(ledger.stack.commands, run_id, partitions, timeout=BARRIER_TIMEOUT)
+            record = await ledger.stack.store.get_run(run_id)
         if record is None:
             result = await run.start(prompt(run_id, calls))
         elif record.version in (None, 0) and record.status == "running":
@@ -144,17 +88,25 @@ async def _drive(
         return {"status": "error", "detail": "".join(traceback.format_exception(exc))}
 
 
-async def _connect(attempts: int = 60) -> Ledger:
-    """`Ledger.connect()`, retried as a supervisor would restart a runtime that could not
-    start: a worker forked while PostgreSQL restarts must wait for it, not count as a crash."""
+async def _connect(
+    settings: Settings, kill_points: KillPoints, verdicts: VerdictRecord, attempts: int = 60
+) -> tuple[Ledger, DrillPort]:
+    """The ledger a runtime gets from its settings (`Ledger.connect()`: the leader fast path
+    with `TOOLLEDGER_LEADER=auto`), on the drill's port. Retried as a supervisor would restart
+    a runtime that could not start: a worker forked while PostgreSQL restarts must wait for it,
+    not count as a crash."""
     retriable: tuple[type[BaseException], ...] = (*DATABASE_ERRORS, LogError, LedgerUnavailable)
     for attempt in range(1, attempts + 1):
         try:
-            return await Ledger.connect()
+            stack = await LedgerStack.connect(settings)
         except retriable:
             if attempt == attempts:
                 raise
             await asyncio.sleep(0.5)
+            continue
+        port = DrillPort(leader_port(DirectPath(stack), settings), kill_points, verdicts)
+        ledger = Ledger(port, verdict_timeout=settings.verdict_timeout_s, on_close=stack.close)
+        return ledger, port
     raise AssertionError("unreachable")
 
 
@@ -166,7 +118,9 @@ async def main(args: argparse.Namespace) -> None:
     def emit(line: dict[str, Any]) -> None:
         append_line(results, {"worker": args.worker, "pid": os.getpid(), "t": time.time(), **line})
 
-    ledger = await _connect()
+    settings = load_settings()
+    verdicts = VerdictRecord(Path(args.verdicts), args.worker)
+    ledger, port = await _connect(settings, kill_points, verdicts)
     try:
         emit({"ready": True})
         order = {"runs": args.runs, "plan": args.plan, "seed": args.seed}
@@ -178,18 +132,17 @@ async def main(args: argparse.Namespace) -> None:
         # Forked workers inherit one random state: give each its own sequence.
         random.seed(order["seed"])
         tools.slow_responses = args.slow_rate
-        ledger.stack.commands = DrillCommands(
-            ledger.stack.commands,
-            kill_points,
-            dup_rate=args.dup_rate,
-            dup_log=Path(args.dup_log) if args.dup_log else None,
-            rng=random.Random(order["seed"]),
+        port.duplicates = Duplicates(
+            args.dup_rate,
+            Path(args.dup_log) if args.dup_log else None,
+            random.Random(order["seed"]),
         )
         runs = [r for r in str(order["runs"]).split(",") if r]
         emit({"assigned": runs, "plan": kill_points.plan.encode()})
 
         async def one(run_id: str) -> None:
-            emit({"run": run_id, **await _drive(ledger, run_id, args.calls, kill_points)})
+            ended = await _drive(ledger, run_id, args.calls, kill_points, settings.partitions)
+            emit({"run": run_id, **ended})
 
         await asyncio.gather(*(one(r) for r in runs))
     finally:
@@ -242,6 +195,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--plan", default="none", help="none, or POINT:N (die there)")
     parser.add_argument("--kill-log", required=True)
     parser.add_argument("--results", required=True)
+    parser.add_argument("--verdicts", required=True, help="where to append the verdicts heard")
     parser.add_argument("--dup-log", default="")
     parser.add_argument("--dup-rate", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=0)

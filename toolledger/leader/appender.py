@@ -63,6 +63,15 @@ class Answer:
 
 
 @dataclass
+class _Wanted:
+    """Keys and runs that reads are waiting for, loaded together in one statement."""
+
+    keys: set[str]
+    runs: set[str]
+    loaded: asyncio.Future[None]
+
+
+@dataclass
 class _Request:
     event: Event
     data: bytes
@@ -115,6 +124,8 @@ class PartitionAppender:
         self._gaps = gaps
         self._queue: list[_Request] = []
         self._flusher: asyncio.Task[None] | None = None
+        self._wanted: _Wanted | None = None
+        self._loader: asyncio.Task[None] | None = None
         self._asked = -IDLE_AFTER
 
     def in_use(self) -> bool:
@@ -133,9 +144,56 @@ class PartitionAppender:
             self._flusher = asyncio.create_task(self._flush(), name="toolledger-leader-batch")
         return await request.answer
 
+    async def learn_call(self, key: str, run_id: str) -> None:
+        """Have memory know `key` and its run, reading PostgreSQL for them if it does not.
+
+        The reads waiting at one time are answered by one statement (and the calls that start
+        while it runs by the next), so 64 calls reading their keys cost a leader one or two
+        round trips, not 64. They need not hold `lock`: `LeaderPartition.learn` checks the
+        rows' provenance when they arrive and ignores what memory learned meanwhile, and no
+        record of a key memory does not know can have been folded (folding needs it known).
+        """
+        state = self.state
+        if state.knows(key) and state.knows_run(run_id):
+            return
+        wanted = self._wanted
+        if wanted is None:
+            loaded = asyncio.get_running_loop().create_future()
+            wanted = self._wanted = _Wanted(set(), set(), loaded)
+        wanted.keys.add(key)
+        wanted.runs.add(run_id)
+        if self._loader is None or self._loader.done():
+            self._loader = asyncio.create_task(self._load_wanted(), name="toolledger-leader-read")
+        await asyncio.wait([wanted.loaded])  # one reader's cancellation cancels no one else's
+        wanted.loaded.result()
+
+    async def _load_wanted(self) -> None:
+        while (wanted := self._wanted) is not None:
+            self._wanted = None
+            state = self.state
+            needs = Needs(
+                keys=frozenset(k for k in wanted.keys if not state.knows(k)),
+                runs=frozenset(r for r in wanted.runs if not state.knows_run(r)),
+            )
+            try:
+                if needs:
+                    state.learn(await self._load(state.partition, needs, state.generation))
+            except BaseException as exc:
+                _settle(wanted.loaded, exc)
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+            else:
+                _settle(wanted.loaded, None)
+
     async def close(self) -> None:
         """Stop; whatever is queued or in flight is answered `UNAVAILABLE` (it may have been
         appended: the runtime resends it on the direct path, with the same event_id)."""
+        if self._loader is not None:
+            self._loader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loader
+        if self._wanted is not None:
+            _settle(self._wanted.loaded, Superseded("the leader stopped"))
         if self._flusher is not None:
             self._flusher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -227,6 +285,17 @@ class PartitionAppender:
                     "partition count"
                 )
         return list(positions)
+
+
+def _settle(loaded: asyncio.Future[None], error: BaseException | None) -> None:
+    """Answer the readers of one statement: each re-raises `error` for itself, if any."""
+    if loaded.done():
+        return
+    if error is None:
+        loaded.set_result(None)
+    else:
+        loaded.set_exception(error)
+        loaded.exception()  # retrieved here, so an unread one is not logged as lost
 
 
 def _answer_all(requests: list[_Request], answer: Answer) -> None:

@@ -25,11 +25,13 @@ from toolledger.leader.frames import (
     DEFAULT_MAX_BODY,
     Frame,
     FrameError,
+    FrameWriter,
     Kind,
     encode_frame,
     read_frame,
 )
 from toolledger.leader.provenance import LeaderReads
+from toolledger.leader.tls import ClientTLS, client_options
 from toolledger.projections.dberrors import database_errors
 
 log = logging.getLogger("toolledger.leader")
@@ -40,14 +42,19 @@ NO_LEADER_RECHECK = 0.25
 
 
 class LeaderConnection:
-    """One connection to the leader at `address` (`host:port`), many requests in flight."""
+    """One connection to the leader at `address` (`host:port`), many requests in flight; over
+    TLS with `tls` (a handshake that fails is an `OSError`, like a refused connection)."""
 
-    def __init__(self, address: str, max_body: int = DEFAULT_MAX_BODY) -> None:
+    def __init__(
+        self, address: str, max_body: int = DEFAULT_MAX_BODY, tls: ClientTLS | None = None
+    ) -> None:
         self.address = address
         self._max_body = max_body
+        self._tls = tls
         self._ids = itertools.count(1)
         self._waiting: dict[int, asyncio.Future[Frame]] = {}
         self._writer: asyncio.StreamWriter | None = None
+        self._out: FrameWriter | None = None
         self._reading: asyncio.Task[None] | None = None
         self._opening = asyncio.Lock()
 
@@ -57,25 +64,27 @@ class LeaderConnection:
 
     async def request(self, kind: Kind, body: bytes) -> Frame:
         """Send one request and return its answer (bound it with the caller's timeout)."""
-        writer = await self._open()
+        out = await self._open()
         request = next(self._ids) & 0xFFFFFFFF
         answer: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
         self._waiting[request] = answer
         try:
-            writer.write(encode_frame(kind, request, body))
-            await writer.drain()
+            out.send(encode_frame(kind, request, body))
+            await out.drain()
             return await answer
         finally:
             self._waiting.pop(request, None)
 
-    async def _open(self) -> asyncio.StreamWriter:
+    async def _open(self) -> FrameWriter:
         async with self._opening:
-            if self._writer is None or self.broken:
+            if self._out is None or self.broken:
                 host, _, port = self.address.rpartition(":")
-                reader, writer = await asyncio.open_connection(host, int(port))
-                self._writer = writer
+                reader, writer = await asyncio.open_connection(
+                    host, int(port), **client_options(self._tls, host)
+                )
+                self._writer, self._out = writer, FrameWriter(writer)
                 self._reading = asyncio.create_task(self._read(reader), name="toolledger-leader-in")
-            return self._writer
+            return self._out
 
     async def _read(self, reader: asyncio.StreamReader) -> None:
         why: BaseException = ConnectionError(f"the leader at {self.address} closed the connection")
@@ -84,17 +93,19 @@ class LeaderConnection:
                 answer = self._waiting.get(frame.request)
                 if answer is not None and not answer.done():
                     answer.set_result(frame)
-        except (FrameError, asyncio.IncompleteReadError, ConnectionError) as exc:
+        except (FrameError, asyncio.IncompleteReadError, OSError) as exc:  # OSError: TLS too
             why = ConnectionError(f"the connection to the leader at {self.address} broke ({exc})")
         finally:
             for answer in self._waiting.values():
                 if not answer.done():
                     answer.set_exception(why)
+            if self._writer is not None:  # a broken connection is replaced, never reused
+                self._writer.close()
 
     async def close(self) -> None:
         if self._writer is not None:
             self._writer.close()
-            with contextlib.suppress(ConnectionError):
+            with contextlib.suppress(OSError):
                 await self._writer.wait_closed()
         if self._reading is not None:
             self._reading.cancel()
@@ -105,9 +116,12 @@ class LeaderConnection:
 class LeaderDirectory:
     """Which leader answers for each partition, read from PostgreSQL when stale."""
 
-    def __init__(self, reads: LeaderReads, *, retry_after: float = 2.0) -> None:
+    def __init__(
+        self, reads: LeaderReads, *, retry_after: float = 2.0, tls: ClientTLS | None = None
+    ) -> None:
         self._reads = reads
         self.retry_after = retry_after
+        self._tls = tls
         self._addresses: dict[int, str | None] = {}
         self._read_at = -float("inf")
         self._failed: dict[int, float] = {}
@@ -132,7 +146,7 @@ class LeaderDirectory:
             return None
         connection = self._connections.get(address)
         if connection is None or connection.broken:
-            connection = self._connections[address] = LeaderConnection(address)
+            connection = self._connections[address] = LeaderConnection(address, tls=self._tls)
         return connection
 
     async def leaders(self) -> dict[int, str | None]:

@@ -215,6 +215,9 @@ class LeaderPartition:
     def knows(self, key: str) -> bool:
         return key in self._keys
 
+    def knows_run(self, run_id: str) -> bool:
+        return run_id in self._runs
+
     # -- commits ----------------------------------------------------------------------------
 
     def committing(self, end: int) -> None:

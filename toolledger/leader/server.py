@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import ssl
 from collections.abc import Coroutine, Sequence
 from typing import Any
 
@@ -41,12 +42,14 @@ from toolledger.leader.frames import (
     DEFAULT_MAX_BODY,
     Frame,
     FrameError,
+    FrameWriter,
     Kind,
     encode_frame,
     read_frame,
 )
-from toolledger.leader.partition import Behind, LeaderPartition, Needs, Superseded
+from toolledger.leader.partition import Behind, LeaderPartition, Superseded
 from toolledger.leader.provenance import LeaderReads
+from toolledger.leader.tls import server_options
 from toolledger.projections.dberrors import database_errors
 from toolledger.projections.following import PartitionFollower
 
@@ -64,7 +67,8 @@ def runtime_may_append(event: Event) -> bool:
 
 
 class LeaderServer(PartitionFollower):
-    """Serves the partitions its projector holds, on `host:port` (port 0: any free one)."""
+    """Serves the partitions its projector holds, on `host:port` (port 0: any free one), over
+    TLS with `tls` (`toolledger.leader.tls.server_context`), else plain TCP."""
 
     def __init__(
         self,
@@ -76,27 +80,32 @@ class LeaderServer(PartitionFollower):
         host: str = "127.0.0.1",
         port: int = 0,
         max_body: int = DEFAULT_MAX_BODY,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.events = events
         self.reads = reads
         self.keys = keys
         self.partitions = partitions
         self.max_body = max_body
-        self._host, self._port = host, port
+        self._host, self._port, self._tls = host, port, tls
         self._server: asyncio.Server | None = None
         self._led: dict[int, PartitionAppender] = {}
         self._gaps = GapReader(events, keys)
         self._tasks: set[asyncio.Task[None]] = set()
         self._writers: set[asyncio.StreamWriter] = set()
         self.address = ""
+        self._closed = False
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._connected, self._host, self._port)
+        self._server = await asyncio.start_server(
+            self._connected, self._host, self._port, **server_options(self._tls)
+        )
         host, port = self._server.sockets[0].getsockname()[:2]
         self.address = f"{host}:{port}"
-        log.info("leader listening on %s", self.address)
+        log.info("leader listening on %s (%s)", self.address, "TLS" if self._tls else "plain TCP")
 
     async def close(self) -> None:
+        self._closed = True  # what the projector says from now on starts nothing
         if self._server is not None:
             self._server.close()
         for writer in list(self._writers):
@@ -104,7 +113,9 @@ class LeaderServer(PartitionFollower):
         for task in list(self._tasks):
             task.cancel()
         for partition in list(self._led):
-            await self._stand_down(partition, self._led.pop(partition))
+            appender = self._led.pop(partition, None)
+            if appender is not None:
+                await self._stand_down(partition, appender)
         await self._gaps.close()
         await self.reads.close()
 
@@ -115,6 +126,8 @@ class LeaderServer(PartitionFollower):
     # -- what the projector tells it (PartitionFollower) -----------------------------------
 
     async def took(self, partition: int, next_offset: int) -> None:
+        if self._closed:
+            return
         old = self._led.pop(partition, None)
         if old is not None:
             await old.close()
@@ -167,7 +180,10 @@ class LeaderServer(PartitionFollower):
         appender = self._led.pop(partition, None)
         if appender is not None:
             appender.state.supersede(f"this process no longer projects partition {partition}")
-            self._spawn(self._stand_down(partition, appender))
+            if self._closed:  # its registration is cleared by `close`, or goes with the lock
+                self._spawn(appender.close())
+            else:
+                self._spawn(self._stand_down(partition, appender))
 
     async def _stand_down(self, partition: int, appender: PartitionAppender) -> None:
         """Answer what `appender` still holds, and clear this address from the ownership row
@@ -187,12 +203,13 @@ class LeaderServer(PartitionFollower):
     async def _connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
         self._writers.add(writer)
+        out = FrameWriter(writer)
         try:
             while True:
                 frame = await read_frame(reader, self.max_body)
                 if frame is None:
                     return
-                self._spawn(self._answer(frame, self._request(frame), writer))
+                self._spawn(self._answer(frame, self._request(frame), out))
         except (FrameError, DecodeError) as exc:
             log.warning("closing the connection from %s: %s", peer, exc)
         except (asyncio.IncompleteReadError, ConnectionError) as exc:
@@ -217,7 +234,7 @@ class LeaderServer(PartitionFollower):
         raise FrameError(f"frame kind {frame.kind.name} (request {frame.request}) is not a request")
 
     async def _answer(
-        self, frame: Frame, request: Event | tuple[str, str], writer: asyncio.StreamWriter
+        self, frame: Frame, request: Event | tuple[str, str], out: FrameWriter
     ) -> None:
         try:
             if isinstance(request, tuple):
@@ -228,10 +245,9 @@ class LeaderServer(PartitionFollower):
         except Exception as exc:
             log.exception("request %d not answered", frame.request)
             kind, body = Kind.UNAVAILABLE, f"{type(exc).__name__}: {exc}".encode()
-        if not writer.is_closing():
-            writer.write(encode_frame(kind, frame.request, body))
-            with contextlib.suppress(ConnectionError):
-                await writer.drain()
+        out.send(encode_frame(kind, frame.request, body))
+        with contextlib.suppress(ConnectionError):
+            await out.drain()
 
     async def _append(self, event: Event, data: bytes) -> Answer:
         if not runtime_may_append(event):
@@ -253,15 +269,13 @@ class LeaderServer(PartitionFollower):
         if appender is None:
             return Kind.NOT_LEADER, json.dumps({"partition": partition}).encode()
         appender.asked()
+        state = appender.state
         try:
-            async with appender.lock:
-                state = appender.state
-                state.check_current()
-                if not state.knows(key):
-                    needs = Needs(keys=frozenset({key}))
-                    state.learn(await self.reads.load(partition, needs, state.generation))
-                record = state.call(key)
-                known = state.knows(key)
+            state.check_current()
+            await appender.learn_call(key, run_id)
+            state.check_current()
+            record = state.call(key)
+            known = state.knows(key)
         except Behind:
             return Kind.NOT_KNOWN, b""
         except Superseded:

@@ -25,6 +25,7 @@ import contextvars
 import logging
 import time
 import uuid
+from asyncio.tasks import _enter_task, _leave_task
 from collections import OrderedDict
 from collections.abc import Coroutine, Generator
 from typing import Any, TypeVar
@@ -81,6 +82,8 @@ class BackgroundAppends:
 
     def __init__(self) -> None:
         self._tasks: set[asyncio.Task[Any]] = set()
+        #: Tasks of work `start` finished in its first step, kept until they have ended.
+        self._ending: set[asyncio.Task[Any]] = set()
 
     def spawn(self, work: Coroutine[Any, Any, T], name: str) -> asyncio.Task[T]:
         task = asyncio.get_running_loop().create_task(work, name=f"toolledger: {name}")
@@ -90,28 +93,41 @@ class BackgroundAppends:
     def start(self, work: Coroutine[Any, Any, T], name: str) -> asyncio.Future[T]:
         """`spawn`, but run `work` at once up to its first suspension, as Python 3.12's eager
         tasks do: work that never suspends (an append to the embedded log) is done on return,
-        with no task and no turn of the event loop; work that suspends goes on in a task like
-        `spawn`'s. Either way it runs in a context of its own and a cancelled caller cannot
-        cancel it (no await of the caller's lies between its start and its first suspension).
+        with no turn of the event loop; work that suspends goes on from there in its task.
+        Either way it runs in a context of its own and a cancelled caller cannot cancel it (no
+        await of the caller's lies between its start and its first suspension).
+
+        The first step runs as the task that will go on with it (`asyncio.current_task()` is
+        that task), not as the caller: a timeout entered there (`asyncio.timeout`, aiokafka's
+        and asyncpg's) must cancel the work when it runs out, never its caller, which used to
+        die of a `CancelledError` when a leader's bound ran out mid-append (the CI drill). So
+        the task exists from the start; when the work did not suspend, it only ends.
         """
         loop = asyncio.get_running_loop()
         context = contextvars.copy_context()
-        future: asyncio.Future[T]
+        step = _FirstStep(work)
+        task = loop.create_task(step.rest(), name=f"toolledger: {name}", context=context)
+        caller = asyncio.current_task(loop)
+        if caller is not None:
+            _leave_task(loop, caller)
+        _enter_task(loop, task)
         try:
-            first = context.run(work.send, None)
-        except StopIteration as done:
-            future = loop.create_future()
-            future.set_result(done.value)
-            return future
-        except (KeyboardInterrupt, SystemExit):
-            raise
-        except BaseException as exc:
-            future = loop.create_future()
-            future.set_exception(exc)
-            return future
-        task = loop.create_task(_resumed(work, first), name=f"toolledger: {name}", context=context)
-        self._keep(task)
-        return task
+            context.run(step.run)
+        finally:
+            _leave_task(loop, task)
+            if caller is not None:
+                _enter_task(loop, caller)
+        if step.suspended:
+            self._keep(task)
+            return task
+        self._ending.add(task)
+        task.add_done_callback(self._ending.discard)
+        future: asyncio.Future[T] = loop.create_future()
+        if step.error is not None:
+            future.set_exception(step.error)
+        else:
+            future.set_result(step.value)
+        return future
 
     def _keep(self, task: asyncio.Task[Any]) -> None:
         self._tasks.add(task)
@@ -129,6 +145,7 @@ class BackgroundAppends:
 
     async def close(self, grace: float) -> None:
         """Give the tasks `grace` seconds, then cancel the rest, saying which."""
+        await asyncio.gather(*self._ending)  # each ends at its first turn
         if await self.wait(grace):
             return
         late = set(self._tasks)
@@ -167,9 +184,33 @@ class _Resumed:
                     return done.value
 
 
-async def _resumed(work: Coroutine[Any, Any, T], first: Any) -> T:
-    result: T = await _Resumed(work, first)
-    return result
+class _FirstStep:
+    """`work` run up to its first suspension (`run`), and the rest of it for its task (`rest`)."""
+
+    def __init__(self, work: Coroutine[Any, Any, Any]) -> None:
+        self.work = work
+        self.suspended = False
+        self.waiting: Any = None
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.waiting = self.work.send(None)
+        except StopIteration as done:
+            self.value = done.value
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:
+            self.error = exc
+        else:
+            self.suspended = True
+
+    async def rest(self) -> Any:
+        """What is left of the work once it suspended (nothing, if it did not)."""
+        if self.suspended:
+            return await _Resumed(self.work, self.waiting)
+        return None
 
 
 class OwnWrites:

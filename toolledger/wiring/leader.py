@@ -4,15 +4,23 @@ The rest of the wiring calls these two functions and nothing else of `toolledger
 no other part of the codebase knows leaders exist:
 
 - `start_leader` gives a projector process its `LeaderServer` (the projector's
-  `PartitionFollower`) unless `TOOLLEDGER_LEADER_LISTEN=off`.
+  `PartitionFollower`) unless `TOOLLEDGER_LEADER_LISTEN=off`, with TLS when the projector's
+  settings name its certificate (`toolledger.leader.tls`).
 - `leader_port` gives a runtime on Kafka and PostgreSQL its port: a `LeaderPort` over the
-  direct path with `TOOLLEDGER_LEADER=auto` (opt-in until it is faster than the direct path;
-  BENCHMARKS.md, issue 25), else the direct path. With no leader registered a `LeaderPort`
-  behaves as the direct path; the embedded (memory) stack keeps the direct path, having no
-  network to save.
+  direct path with `TOOLLEDGER_LEADER=auto` (the default), else the direct path. With no
+  leader registered a `LeaderPort` behaves as the direct path; the embedded (memory) stack
+  keeps the direct path, having no network to save.
+
+A leader that listens beyond loopback without verifying runtimes' certificates starts, with a
+warning in the log: on a private network (a compose network, a VPC whose other hosts are the
+ledger's own) that is as exposed as the broker runtimes append to directly, and refusing would
+only push such a deployment back to the direct path. Anywhere else it lets whoever can reach
+the port append what a runtime may append, for any run, hence the warning's words.
 """
 
 from __future__ import annotations
+
+import logging
 
 from toolledger.events.log import EventLog
 from toolledger.events.signing import VerifyKeys
@@ -20,8 +28,11 @@ from toolledger.leader.client import LeaderDirectory
 from toolledger.leader.provenance import LeaderReads
 from toolledger.leader.runtime_port import LeaderPort
 from toolledger.leader.server import LeaderServer
-from toolledger.settings import Settings
+from toolledger.leader.tls import ClientTLS, is_loopback, server_context
+from toolledger.settings import ProjectorSettings, Settings, load_settings
 from toolledger.wiring.stack_port import StackPort
+
+log = logging.getLogger("toolledger.leader")
 
 
 async def start_leader(
@@ -30,8 +41,15 @@ async def start_leader(
     """The leader of a projector process, listening; None with `TOOLLEDGER_LEADER_LISTEN=off`."""
     if settings.leader_listen == "off":
         return None
+    if not isinstance(settings, ProjectorSettings):  # its TLS settings are the projector's own
+        settings = load_settings(ProjectorSettings, **settings.model_dump())
     database_url, _ = settings.require_services()
     host, _, port = settings.leader_listen.rpartition(":")
+    tls = None
+    if settings.leader_tls_cert is not None and settings.leader_tls_key is not None:
+        tls = server_context(
+            settings.leader_tls_cert, settings.leader_tls_key, settings.leader_tls_runtime_ca
+        )
     reads = LeaderReads(database_url, settings.schema_name)
     server = LeaderServer(
         events,
@@ -41,9 +59,30 @@ async def start_leader(
         host=host,
         port=int(port),
         max_body=settings.max_record_bytes + 64 * 1024,
+        tls=tls,
     )
     await server.start()
+    warning = exposure_warning(
+        server.address,
+        tls=tls is not None,
+        verifies_runtimes=settings.leader_tls_runtime_ca is not None,
+    )
+    if warning is not None:
+        log.warning("%s", warning)
     return server
+
+
+def exposure_warning(address: str, *, tls: bool, verifies_runtimes: bool) -> str | None:
+    """What to warn of for a leader bound to `address` (see the module), or None."""
+    if is_loopback(address.rpartition(":")[0]) or verifies_runtimes:
+        return None
+    how = "over TLS but accepting any client" if tls else "without TLS"
+    return (
+        f"the leader listens on {address}, beyond this machine, {how}: anyone who can reach it "
+        "can append reservations and outcomes for any run. Unless this network is private, set "
+        "TOOLLEDGER_LEADER_TLS_CERT, TOOLLEDGER_LEADER_TLS_KEY and "
+        "TOOLLEDGER_LEADER_TLS_RUNTIME_CA, or TOOLLEDGER_LEADER_LISTEN to a loopback address"
+    )
 
 
 def leader_port(direct: StackPort, settings: Settings) -> StackPort | LeaderPort:
@@ -51,9 +90,20 @@ def leader_port(direct: StackPort, settings: Settings) -> StackPort | LeaderPort
     stack = direct.stack
     if settings.leader == "off" or settings.database_url is None:
         return direct
+    tls = None
+    if settings.runtime_tls_leader_ca is not None:
+        tls = ClientTLS.load(
+            settings.runtime_tls_leader_ca,
+            settings.runtime_tls_cert,
+            settings.runtime_tls_key,
+            settings.runtime_tls_leader_name,
+        )
     reads = LeaderReads(settings.database_url, settings.schema_name)
     port = LeaderPort(
-        direct, LeaderDirectory(reads), settings.partitions, settings.leader_timeout_ms / 1000
+        direct,
+        LeaderDirectory(reads, tls=tls),
+        settings.partitions,
+        settings.leader_timeout_ms / 1000,
     )
     stack.on_close.append(port.close)
     return port

@@ -3,8 +3,8 @@
 Reads of a call go through the stack's `CallReads` (`toolledger.projections.reads`): with many
 runs in flight, the reads asked while one is under way share the next query. Appends and
 verdicts go through the stack's `LedgerCommands`, looked up on every use rather than kept,
-so a harness that wraps the stack's commands (the drill's kill points, a test's frozen append)
-wraps every path of the runtime at once.
+so a harness that wraps the stack's commands (a test's frozen append) wraps every direct path
+of the runtime at once (the leader fast path does not take them: the drill wraps its port).
 
 A driver error of the store is turned into `LedgerUnavailable` in the runtime's words ("nothing
 was run, try again once PostgreSQL is reachable"): the port's first promise, fail closed.

@@ -1,18 +1,23 @@
 """A small Stripe-like payments API on a loopback port: it honours idempotency keys, and it can
-be told to misbehave the ways real networks do.
+be told to misbehave the ways real networks do. For tests, examples and drills of HTTP tools
+(`toolledger.http`): a real TCP server, so a tool goes through httpx's real transport.
 
-Pure standard library (asyncio streams and a minimal HTTP/1.1 parser, keep-alive included), so
-the example and the tests exercise a real TCP server through httpx's real transport:
+Pure standard library (asyncio streams and a minimal HTTP/1.1 parser, keep-alive included):
 
 - `POST /v1/refunds` (`{"charge": "ch_1", "amount": 2500}`, header `Idempotency-Key`) makes a
-  refund (an *effect*, counted in `refunds`) and stores its answer under the key. The same key
-  again gets the stored answer, byte for byte, with `Idempotent-Replayed: true`, for as long as
-  the fake lives (Stripe: 24 hours). A refund larger than what is left of the charge is a 400,
-  stored like any answer.
+  refund (an *effect*) and stores its answer under the key. The same key again gets the stored
+  answer, byte for byte, with `Idempotent-Replayed: true`, for as long as the book keeps it
+  (Stripe: 24 hours). A refund larger than what is left of the charge is a 400, stored like
+  any answer.
 - `GET /v1/charges/<id>` reads a charge: what was charged and what is refunded.
 
+Where refunds and stored answers live is the fake's `book` (`RefundBook`): `MemoryBook` by
+default (`refunds`, gone with the process), or one of the caller's, such as the drill's, which
+keeps them in its billing database so that they outlive the runtimes sending to it and the
+drill's checks can count them (`toolledger.drill.payments`).
+
 `script` holds what to do with the next requests that reach an endpoint, one word each, used up
-in order:
+in order; once it is empty, `unscripted()` is asked (by default: nothing special):
 
 | word          | the fake                                                                 |
 |---------------|--------------------------------------------------------------------------|
@@ -33,8 +38,11 @@ import contextlib
 import json
 import socket
 from collections import deque
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
+
+__all__ = ["Answer", "FakePayments", "MemoryBook", "Received", "RefundBook", "answer_json"]
 
 HOST = "127.0.0.1"
 
@@ -51,18 +59,81 @@ class Received:
 
 @dataclass(frozen=True)
 class Answer:
+    """What the fake answers: a status, a JSON body, and whether it is a stored one replayed."""
+
     status: int
     body: bytes
     replayed: bool = False
 
 
-class FakePayments:
-    """The fake API. Its port is bound at construction, so its `url` is known before `start()`."""
+def answer_json(status: int, value: object) -> Answer:
+    return Answer(status, json.dumps(value).encode())
 
-    def __init__(self, charges: dict[str, int] | None = None) -> None:
+
+class RefundBook(Protocol):
+    """Where the fake keeps its charges, refunds and the answer it gave for each key."""
+
+    def refund(self, key: str, request: Mapping[str, Any]) -> Answer:
+        """Apply `request` once per `key` and store the answer; a key seen before gets its
+        stored answer back, `replayed`, and applies nothing."""
+
+    def charge(self, charge: str) -> Answer:
+        """`GET /v1/charges/<charge>`'s answer."""
+
+
+class MemoryBook:
+    """Charges, refunds and answers in this process's memory."""
+
+    def __init__(self, charges: Mapping[str, int] | None = None) -> None:
         self.charges = dict(charges or {"ch_1": 5000})
         self.refunds: dict[str, dict[str, Any]] = {}
         self.keys: dict[str, Answer] = {}
+
+    def refund(self, key: str, request: Mapping[str, Any]) -> Answer:
+        stored = self.keys.get(key)
+        if stored is not None:
+            return Answer(stored.status, stored.body, replayed=True)
+        answer = self.keys[key] = self._apply(request)
+        return answer
+
+    def _apply(self, request: Mapping[str, Any]) -> Answer:
+        charge, amount = request["charge"], int(request["amount"])
+        left = self.charges.get(charge, 0) - self._refunded(charge)
+        if amount > left:
+            return answer_json(
+                400, {"error": f"amount {amount} exceeds the {left} left of {charge}"}
+            )
+        refund_id = f"re_{len(self.refunds) + 1}"
+        self.refunds[refund_id] = {"id": refund_id, "charge": charge, "amount": amount}
+        return answer_json(200, self.refunds[refund_id])
+
+    def charge(self, charge: str) -> Answer:
+        if charge not in self.charges:
+            return answer_json(404, {"error": f"no charge {charge}"})
+        return answer_json(
+            200,
+            {"id": charge, "amount": self.charges[charge], "refunded": self._refunded(charge)},
+        )
+
+    def _refunded(self, charge: str) -> int:
+        return sum(int(r["amount"]) for r in self.refunds.values() if r["charge"] == charge)
+
+
+class FakePayments:
+    """The fake API. Its port is bound at construction, so its `url` is known before `start()`.
+
+    `charges` seed the default `MemoryBook`; `book` replaces it (see the module docstring)."""
+
+    def __init__(
+        self,
+        charges: dict[str, int] | None = None,
+        *,
+        book: RefundBook | None = None,
+        unscripted: Callable[[], str] | None = None,
+    ) -> None:
+        self.memory = MemoryBook(charges)
+        self.book: RefundBook = book if book is not None else self.memory
+        self.unscripted = unscripted
         self.requests: list[Received] = []
         self.script: deque[str] = deque()
         self._released = asyncio.Event()
@@ -75,6 +146,11 @@ class FakePayments:
     @property
     def url(self) -> str:
         return f"http://{HOST}:{self.port}"
+
+    @property
+    def refunds(self) -> dict[str, dict[str, Any]]:
+        """The refunds made, by id (of the memory book)."""
+        return self.memory.refunds
 
     def posts(self) -> list[Received]:
         """The refund requests received, in order."""
@@ -159,56 +235,52 @@ class FakePayments:
             return await self._refund(key, body)
         if method == "GET" and path.startswith("/v1/charges/"):
             return await self._charge(path.removeprefix("/v1/charges/"))
-        return _json(404, {"error": f"no route {method} {path}"})
+        return answer_json(404, {"error": f"no route {method} {path}"})
+
+    def _word(self) -> str:
+        if self.script:
+            return self.script.popleft()
+        return self.unscripted() if self.unscripted is not None else ""
 
     async def _refund(self, key: str | None, body: bytes) -> Answer | None:
         if key is None:
-            return _json(400, {"error": "refunds need an Idempotency-Key header"})
-        word = self.script.popleft() if self.script else ""
+            return answer_json(400, {"error": "refunds need an Idempotency-Key header"})
+        word = self._word()
         if word in ("500", "503"):
-            return _json(int(word), {"error": "the payments service is having a moment"})
+            return answer_json(int(word), {"error": "the payments service is having a moment"})
         if word == "hold":
             await self._released.wait()
-        stored = self.keys.get(key)
-        if stored is not None:
-            answer = Answer(stored.status, stored.body, replayed=True)
-        else:
-            answer = self._apply(json.loads(body))
-            self.keys[key] = answer
+        request = _refund_request(body)
+        if request is None:
+            return answer_json(400, {"error": 'a refund is {"charge": "<id>", "amount": <cents>}'})
+        answer = self.book.refund(key, request)
         if word == "drop":
             return None
         if word == "in_progress":
-            return _json(409, {"error": "a request with this Idempotency-Key is in progress"})
+            return answer_json(409, {"error": "a request with this Idempotency-Key is in progress"})
         return answer
 
-    def _apply(self, request: dict[str, Any]) -> Answer:
-        charge, amount = request["charge"], int(request["amount"])
-        left = self.charges.get(charge, 0) - self._refunded(charge)
-        if amount > left:
-            return _json(400, {"error": f"amount {amount} exceeds the {left} left of {charge}"})
-        refund_id = f"re_{len(self.refunds) + 1}"
-        self.refunds[refund_id] = {"id": refund_id, "charge": charge, "amount": amount}
-        return _json(200, self.refunds[refund_id])
-
     async def _charge(self, charge: str) -> Answer:
-        word = self.script.popleft() if self.script else ""
+        word = self._word()
         if word in ("500", "503"):
-            return _json(int(word), {"error": "the payments service is having a moment"})
+            return answer_json(int(word), {"error": "the payments service is having a moment"})
         if word == "hold":
             await self._released.wait()
-        if charge not in self.charges:
-            return _json(404, {"error": f"no charge {charge}"})
-        return _json(
-            200,
-            {"id": charge, "amount": self.charges[charge], "refunded": self._refunded(charge)},
-        )
-
-    def _refunded(self, charge: str) -> int:
-        return sum(int(r["amount"]) for r in self.refunds.values() if r["charge"] == charge)
+        return self.book.charge(charge)
 
 
-def _json(status: int, value: object) -> Answer:
-    return Answer(status, json.dumps(value).encode())
+def _refund_request(body: bytes) -> dict[str, Any] | None:
+    """The refund `body` asks for, or None if it is not one."""
+    try:
+        request = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(request, dict):
+        return None
+    charge, amount = request.get("charge"), request.get("amount")
+    if not isinstance(charge, str) or not isinstance(amount, int) or isinstance(amount, bool):
+        return None
+    return request
 
 
 def _parse_head(head: bytes) -> tuple[str, str, dict[str, str]]:

@@ -1,0 +1,134 @@
+"""A leader's reads of keys it does not hold, and how its answers leave.
+
+Reads of keys memory lacks go to PostgreSQL; the reads waiting at one time must share one
+statement (64 calls reading their keys used to cost the leader 64 round trips, each holding
+the partition's lock), a reader given up on must not take the others' answer with it, and rows
+whose provenance fails must stop the partition for every reader. Frames queued in one turn of
+the loop must leave together, whole and in order, within that turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tests import builders as b
+from toolledger.events.memory import MemoryLog
+from toolledger.leader.appender import GapReader, PartitionAppender
+from toolledger.leader.frames import FrameWriter, Kind, encode_frame, read_frame
+from toolledger.leader.partition import LeaderPartition, Loaded, Needs, Superseded
+
+START = 5
+
+
+class Database:
+    """Stands in for `LeaderReads.load`: answers after `gate` opens, counting statements."""
+
+    def __init__(self, stored: int = START) -> None:
+        self.stored = stored
+        self.statements: list[Needs] = []
+        self.gate = asyncio.Event()
+
+    async def load(self, partition: int, needs: Needs, generation: int) -> Loaded:
+        self.statements.append(needs)
+        await self.gate.wait()
+        return Loaded(stored=self.stored, needs=needs, generation=generation)
+
+
+def _appender(db: Database) -> PartitionAppender:
+    log = MemoryLog("toolledger.events", partitions=1)
+    state = LeaderPartition(0, START, b.KEYS)
+    return PartitionAppender(state, log, db.load, GapReader(log, b.KEYS))
+
+
+async def test_reads_waiting_together_share_one_statement() -> None:
+    """Reads that start while a statement runs go in the next one: 40 reads, two statements,
+    and every key and run known afterwards."""
+    db = Database()
+    appender = _appender(db)
+    first = asyncio.create_task(appender.learn_call("r0:c1", "r0"))
+    await asyncio.sleep(0)
+    rest = [asyncio.create_task(appender.learn_call(f"r{n}:c1", f"r{n}")) for n in range(1, 40)]
+    await asyncio.sleep(0)
+    db.gate.set()
+    await asyncio.gather(first, *rest)
+    assert len(db.statements) == 2
+    assert db.statements[0].keys == {"r0:c1"}
+    assert db.statements[1].keys == {f"r{n}:c1" for n in range(1, 40)}
+    assert db.statements[1].runs == {f"r{n}" for n in range(1, 40)}
+    assert all(appender.state.knows(f"r{n}:c1") for n in range(40))
+    assert all(appender.state.knows_run(f"r{n}") for n in range(40))
+    await appender.learn_call("r7:c1", "r7")  # known now: no statement at all
+    assert len(db.statements) == 2
+
+
+async def test_a_reader_given_up_on_does_not_cancel_the_others() -> None:
+    db = Database()
+    appender = _appender(db)
+    impatient = asyncio.create_task(appender.learn_call("r1:c1", "r1"))
+    patient = asyncio.create_task(appender.learn_call("r2:c1", "r2"))
+    await asyncio.sleep(0)
+    impatient.cancel()
+    await asyncio.sleep(0)
+    db.gate.set()
+    await patient
+    assert impatient.cancelled()
+    assert appender.state.knows("r1:c1") and appender.state.knows("r2:c1")
+
+
+async def test_rows_from_another_owner_supersede_the_partition_for_every_reader() -> None:
+    """PostgreSQL holding an offset this leader never committed means another owner took the
+    partition: each waiting reader hears `Superseded`, and the partition answers no more."""
+    db = Database(stored=START + 100)
+    appender = _appender(db)
+    readers = [asyncio.create_task(appender.learn_call(f"r{n}:c1", f"r{n}")) for n in range(3)]
+    await asyncio.sleep(0)
+    db.gate.set()
+    results = await asyncio.gather(*readers, return_exceptions=True)
+    assert all(isinstance(r, Superseded) for r in results), results
+    assert appender.state.superseded is not None
+    assert not appender.state.knows("r0:c1")
+
+
+async def test_closing_answers_waiting_readers() -> None:
+    db = Database()
+    appender = _appender(db)
+    reader = asyncio.create_task(appender.learn_call("r1:c1", "r1"))
+    await asyncio.sleep(0)
+    await appender.close()
+    with pytest.raises(Superseded):
+        await reader
+
+
+async def test_frames_sent_in_one_turn_leave_together_whole_and_in_order() -> None:
+    received: asyncio.Queue[bytes] = asyncio.Queue()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while chunk := await reader.read(1 << 20):
+            await received.put(chunk)
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    out = FrameWriter(writer)
+    frames = [encode_frame(Kind.VERDICT, n, b"x" * n) for n in range(1, 30)]
+    for frame in frames:
+        out.send(frame)
+    assert writer.transport.get_write_buffer_size() == 0  # nothing written inside the turn
+    await asyncio.sleep(0)  # the turn's write ran
+    data = b""
+    while len(data) < sum(map(len, frames)):
+        data += await asyncio.wait_for(received.get(), 5)
+    assert data == b"".join(frames)
+    stream = asyncio.StreamReader()
+    stream.feed_data(data)
+    stream.feed_eof()
+    got = [await read_frame(stream) for _ in frames]
+    assert [f.request for f in got if f is not None] == list(range(1, 30))
+    writer.close()
+    await writer.wait_closed()
+    server.close()
+    await server.wait_closed()
+    del reader
