@@ -76,6 +76,18 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--runs", type=int, default=64, help="concurrent runs in throughput")
     parser.add_argument("--calls", type=int, default=40, help="calls per run in throughput")
     parser.add_argument(
+        "--idle-seconds",
+        type=float,
+        default=idle_cpu.SECONDS,
+        help="idle: seconds of wall time the quiet stack's CPU is measured over",
+    )
+    parser.add_argument(
+        "--idle-calls",
+        type=int,
+        default=idle_cpu.CALLS,
+        help="idle: calls after an idle spell, per stack",
+    )
+    parser.add_argument(
         "--idle-baseline",
         metavar="REV",
         help="idle: also run the quiet stack on the package at this git revision, alternating",
@@ -88,6 +100,8 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--repeat >= 1, --samples >= 10 and --events >= 1000, please")
     if args.runs < 1 or args.calls < 1:
         parser.error("--runs >= 1 and --calls >= 1, please")
+    if args.idle_seconds <= 0 or args.idle_calls < 1:
+        parser.error("--idle-seconds > 0 and --idle-calls >= 1, please")
     return args
 
 
@@ -144,7 +158,13 @@ async def _run(found: Services, args: argparse.Namespace) -> list[Row]:
             rows += await memory_call.measure(calls=10 * args.samples, repeat=args.repeat)
         if "idle" in chosen:
             say("idle CPU of a quiet stack")
-            rows += await idle_cpu.measure(scratch, repeat=args.repeat, baseline=args.idle_baseline)
+            rows += await idle_cpu.measure(
+                scratch,
+                repeat=args.repeat,
+                seconds=args.idle_seconds,
+                calls=args.idle_calls,
+                baseline=args.idle_baseline,
+            )
     finally:
         await scratch.cleanup()
     return rows
