@@ -69,15 +69,19 @@ async def test_hints_to_another_process_are_rate_limited_per_partition() -> None
     async def notify(payload: str) -> None:
         sent.append(payload)
 
-    hints = AppendHints(notify, quiet=0.2)
+    now = [100.0]
+    hints = AppendHints(notify, quiet=0.1, clock=lambda: now[0])
     for offset in range(5):
         hints.appended(Position(3, offset))
         hints.appended(Position(1, offset))
-    await asyncio.sleep(0.05)
+        await asyncio.sleep(0)  # the hint is sent before the next append
+        await asyncio.sleep(0)
+        now[0] += 0.01
     assert sorted(",".join(sent).split(",")) == ["1", "3"], sent
-    await asyncio.sleep(0.2)
+    now[0] += 0.1
     hints.appended(Position(3, 9))
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
     assert sent[-1] == "3"
     await hints.close()
 

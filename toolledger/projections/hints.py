@@ -57,11 +57,17 @@ class AppendHints:
     """Tells the owner of a partition that a record was appended to it (module docstring)."""
 
     def __init__(
-        self, notify: Notify | None, local: Wake | None = None, *, quiet: float = HINT_QUIET_S
+        self,
+        notify: Notify | None,
+        local: Wake | None = None,
+        *,
+        quiet: float = HINT_QUIET_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._notify = notify
         self._local = local
         self._quiet = quiet
+        self._clock = clock
         self._last: dict[int, float] = {}
         self._pending: set[int] = set()
         self._task: asyncio.Task[None] | None = None
@@ -74,7 +80,7 @@ class AppendHints:
             return
         if self._notify is None:
             return
-        now = time.monotonic()
+        now = self._clock()
         if now - self._last.get(partition, -self._quiet) < self._quiet:
             return
         self._last[partition] = now
