@@ -19,6 +19,7 @@ from benchmarks import (
     _backlog,
     catch_up,
     fast_path,
+    idle_cpu,
     integrations,
     leader_verdict,
     memory_call,
@@ -40,6 +41,7 @@ BENCHMARKS = (
     "throughput",
     "integrations",
     "memory-call",
+    "idle",
 )
 
 
@@ -73,6 +75,11 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--runs", type=int, default=64, help="concurrent runs in throughput")
     parser.add_argument("--calls", type=int, default=40, help="calls per run in throughput")
+    parser.add_argument(
+        "--idle-baseline",
+        metavar="REV",
+        help="idle: also run the quiet stack on the package at this git revision, alternating",
+    )
     parser.add_argument(
         "--only", choices=BENCHMARKS, action="append", help="run only these (repeatable)"
     )
@@ -135,6 +142,9 @@ async def _run(found: Services, args: argparse.Namespace) -> list[Row]:
         if "memory-call" in chosen:
             say("the event path's own CPU per call (memory ledger)")
             rows += await memory_call.measure(calls=10 * args.samples, repeat=args.repeat)
+        if "idle" in chosen:
+            say("idle CPU of a quiet stack")
+            rows += await idle_cpu.measure(scratch, repeat=args.repeat, baseline=args.idle_baseline)
     finally:
         await scratch.cleanup()
     return rows

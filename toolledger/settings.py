@@ -92,6 +92,13 @@ class Settings(BaseSettings):
     fetch_wait_ms: int = Field(
         default=5, ge=0, le=10_000, description="How long a projector fetch waits for data."
     )
+    idle_fetch_bound_ms: int = Field(
+        default=500,
+        ge=0,
+        le=60_000,
+        description="The longest a reader that finds nothing waits between fetches (0: it never "
+        "backs off); an append's hint wakes it at once.",
+    )
     batch_size: int = Field(
         default=2000, ge=1, le=100_000, description="Most events applied in one transaction."
     )

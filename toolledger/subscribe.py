@@ -16,6 +16,10 @@ Three ways to start:
 
 `requests(events_log)` yields the decoded requests themselves, for the rare consumer that wants
 what was asked rather than what was decided.
+
+Nobody hints a subscriber that facts were published, so an idle subscription on Kafka backs off
+to `TOOLLEDGER_IDLE_FETCH_BOUND_MS` between fetches (`toolledger.events.pacing`), and a fact
+published to an idle subscription reaches it within that bound.
 """
 
 from __future__ import annotations
@@ -29,8 +33,10 @@ from datetime import datetime
 from aiokafka import AIOKafkaConsumer
 
 from toolledger.events.codec import DecodeError, decode
+from toolledger.events.kafka_idle import IdleConsumer
 from toolledger.events.log import EventLog
 from toolledger.events.models import Event
+from toolledger.events.pacing import IdleBackoff
 from toolledger.projections.facts import Fact, facts_in
 from toolledger.settings import Settings
 
@@ -154,10 +160,11 @@ async def subscribe_group(
         session_timeout_ms=session_timeout_ms,
         heartbeat_interval_ms=max(session_timeout_ms // 3, 100),
     )
+    paced = IdleConsumer(consumer, IdleBackoff(settings.idle_fetch_bound_ms / 1000))
     try:
         await consumer.start()
         while True:
-            batches = await consumer.getmany(timeout_ms=100)
+            batches = await paced.getmany(timeout_ms=100)
             for tp, records in batches.items():
                 for record in records:
                     for fact in _facts(record.value):

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 
 import pytest
 
+from toolledger.devstack import delete_topics
 from toolledger.events.kafka import KafkaLog
 from toolledger.events.log import (
     EPOCH_MARKER_KEY,
@@ -412,6 +413,25 @@ class TestKafkaLog(EventLogTestCase):
         assert await checker.identity() == identity
         # Two markers wanted; each fetch is capped at 64 KB, about 60 records of this size.
         assert 2 <= checker.identity_records_fetched <= 200 < appended
+
+    async def test_a_log_kept_between_identity_checks_sees_its_topic_made_again(
+        self, logs: Logs
+    ) -> None:
+        """A projector checks the identity every few seconds on one consumer kept between
+        checks: one that carried the last check's partitions or positions over would report
+        the lost log's epoch (or wait out the timeout) after the broker lost the topic and
+        somebody made it again, and the projector would fold a log that is not the ledger's."""
+        writer = await logs.open()
+        before = await writer.ensure_topic(2)
+        checker = await logs.open()
+        assert await checker.identity() == before
+        assert await checker.identity() == before
+        await delete_topics(self.bootstrap, writer.topic)
+        again = await logs.open()
+        after = await again.ensure_topic(3)
+        assert after.epoch != before.epoch
+
+        assert await checker.identity() == after
 
 
 del EventLogTestCase

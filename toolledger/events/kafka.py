@@ -11,7 +11,10 @@ Choices that follow from the design (docs/architecture.md, "The projector" and "
 - Readers assign partitions and seek; they have no consumer group, commit nothing and never reset
   an offset on their own (`auto_offset_reset="none"`): the projector keeps its offsets in
   PostgreSQL. Their fetches return after a few milliseconds because tansu does not wake a parked
-  fetch when data arrives.
+  fetch when data arrives; a reader that finds nothing backs off to `idle_bound` seconds
+  between fetches, and a hint (`LogReader.wake`) brings it back at once
+  (`toolledger.events.kafka_idle`). Every append calls `on_appended` with its position, which
+  is how the wiring hints the projector that owns the partition.
 - Readers hand out each partition's records without holes (`Contiguous`): toolledger's topics
   are neither compacted nor written with transactions, so their offsets are contiguous, but
   tansu makes a record readable a few milliseconds after records appended after it by other
@@ -31,7 +34,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -46,6 +49,7 @@ from aiokafka.errors import (
 from aiokafka.errors import RecordTooLargeError as BrokerRecordTooLarge
 from aiokafka.protocol.metadata import MetadataRequest
 
+from toolledger.events.kafka_idle import IdleConsumer
 from toolledger.events.log import (
     DEFAULT_MAX_RECORD_BYTES,
     EPOCH_MARKER_KEY,
@@ -63,6 +67,7 @@ from toolledger.events.log import (
     identity_from_offset_zero,
     record_size,
 )
+from toolledger.events.pacing import BOUND_S, IdleBackoff
 
 _log = logging.getLogger(__name__)
 
@@ -93,7 +98,11 @@ class KafkaLog(EventLog):
     `RecordTooLarge` before it is sent (the broker's `message.max.bytes` must be at least as
     large; a broker refusing one is reported the same way). `hole_patience` is how long a
     reader waits for a missing offset while later ones are readable (`Contiguous`).
+    `idle_bound` is the longest an idle reader waits between fetches (0: it never backs off).
     """
+
+    #: Called with the position of every record this log appended (the wiring's hint).
+    on_appended: Callable[[Position], None] | None = None
 
     def __init__(
         self,
@@ -110,8 +119,10 @@ class KafkaLog(EventLog):
         connection: Mapping[str, Any] | None = None,
         max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
         hole_patience: float = 5.0,
+        idle_bound: float = BOUND_S,
     ) -> None:
         self.topic = topic
+        self.idle_bound = idle_bound
         self.hole_patience = hole_patience
         self.max_record_bytes = max_record_bytes
         self._bootstrap = bootstrap
@@ -125,6 +136,9 @@ class KafkaLog(EventLog):
         self._connection = dict(connection or {})
         self._metadata: AIOKafkaClient | None = None
         self._offsets: AIOKafkaConsumer | None = None  # end offsets, for lag; made on first use
+        #: Reads offset 0 for `identity`: made on first use, kept paused between checks.
+        self._identity_reader: AIOKafkaConsumer | None = None
+        self._identity_lock = asyncio.Lock()
         self._producer: AIOKafkaProducer | None = None
         self._topic_seen = False
         self._topic_check = asyncio.Lock()
@@ -165,6 +179,7 @@ class KafkaLog(EventLog):
         offsets, self._offsets = self._offsets, None
         if offsets is not None:
             await offsets.stop()
+        await self._drop_identity_reader()
         producer, metadata = self._producer, self._metadata
         self._producer = self._metadata = None
         if producer is not None:
@@ -228,7 +243,10 @@ class KafkaLog(EventLog):
                 if not self._topic_seen:
                     await self.partition_count()
                     self._topic_seen = True
-        return await self._send(key.encode(), value, headers, None)
+        position = await self._send(key.encode(), value, headers, None)
+        if self.on_appended is not None:
+            self.on_appended(position)
+        return position
 
     def reader(self) -> LogReader:
         return KafkaReader(self)
@@ -335,18 +353,52 @@ class KafkaLog(EventLog):
         markers within milliseconds). One that did not answer, or holds records that are slow
         to come, is waited for up to the request timeout and then raises a retriable
         `LogError`: a slow broker is not a lost log.
+
+        The consumer is kept between checks with every partition paused, so it fetches
+        nothing meanwhile: a projector checks every `TOOLLEDGER_IDENTITY_CHECK_S`, and starting
+        and stopping a consumer each time was most of an idle projector's CPU once its reader
+        backed off. Each check assigns afresh (no state of the last one survives it); a broker
+        error drops the consumer, and the next check makes a new one.
         """
-        # Only the first record of each partition is wanted, so every fetch is capped in total
-        # as well as per partition: tansu honours only the total cap (default 50 MB), and without
-        # it each identity check shipped and decoded the whole topic, a cost that grew with the
-        # log until a long drill's runtimes and projectors starved the broker.
-        consumer = self._consumer(
-            max_partition_fetch_bytes=IDENTITY_FETCH_BYTES, fetch_max_bytes=IDENTITY_FETCH_BYTES
-        )
+        async with self._identity_lock:
+            consumer = self._identity_reader
+            if consumer is None:
+                # Only the first record of each partition is wanted, so every fetch is capped in
+                # total as well as per partition: tansu honours only the total cap (default
+                # 50 MB), and without it each identity check shipped and decoded the whole topic,
+                # a cost that grew with the log until a long drill's runtimes and projectors
+                # starved the broker.
+                consumer = self._consumer(
+                    max_partition_fetch_bytes=IDENTITY_FETCH_BYTES,
+                    fetch_max_bytes=IDENTITY_FETCH_BYTES,
+                )
+                try:
+                    await consumer.start()
+                except KafkaError as exc:
+                    await consumer.stop()
+                    raise LogError(f"cannot read offset 0 of {self.topic}: {exc!r}") from exc
+                self._identity_reader = consumer
+            try:
+                return await self._read_offset_zero(consumer, partitions)
+            except LogError:
+                await self._drop_identity_reader()
+                raise
+            finally:
+                if self._identity_reader is not None:
+                    consumer.pause(*consumer.assignment())
+
+    async def _drop_identity_reader(self) -> None:
+        consumer, self._identity_reader = self._identity_reader, None
+        if consumer is not None:
+            await consumer.stop()
+
+    async def _read_offset_zero(
+        self, consumer: AIOKafkaConsumer, partitions: int
+    ) -> dict[int, LogRecord | None]:
+        """`_first_records` on a started consumer."""
         first: dict[int, LogRecord | None] = dict.fromkeys(range(partitions))
         unread: list[int] = []
         try:
-            await consumer.start()
             tps = [TopicPartition(self.topic, p) for p in range(partitions)]
             consumer.assign(tps)
             for tp in tps:
@@ -380,8 +432,6 @@ class KafkaLog(EventLog):
             ) from exc
         except KafkaError as exc:
             raise LogError(f"cannot read offset 0 of {self.topic}: {exc!r}") from exc
-        finally:
-            await consumer.stop()
         if unread:
             raise LogError(
                 f"offset 0 of {self.topic} partitions {unread} did not arrive within "
@@ -500,9 +550,19 @@ class KafkaReader(LogReader):
 
     def __init__(self, log: KafkaLog) -> None:
         self._log = log
-        self._consumer: AIOKafkaConsumer | None = None
+        self._consumer: IdleConsumer | None = None
         self._assigned = False
         self._contiguous = Contiguous(log.hole_patience)
+        self.backoff = IdleBackoff(log.idle_bound)
+
+    def wake(self) -> None:
+        if self._consumer is not None:
+            self._consumer.wake()
+
+    @property
+    def waits(self) -> int:
+        """Fetches this reader's consumer let through after an idle wait (for tests)."""
+        return 0 if self._consumer is None else self._consumer.waits
 
     async def assign(self, positions: Mapping[int, int]) -> None:
         topic = self._log.topic
@@ -521,11 +581,13 @@ class KafkaReader(LogReader):
             self._assigned = False
             return
         if self._consumer is None:
-            self._consumer = await self._log._started_consumer("start a reader of")
+            consumer = await self._log._started_consumer("start a reader of")
+            self._consumer = IdleConsumer(consumer, self.backoff)
         tps = {p: TopicPartition(topic, p) for p in positions}
-        self._consumer.assign(list(tps.values()))
+        self._consumer.consumer.assign(list(tps.values()))
         for partition, offset in positions.items():
-            self._consumer.seek(tps[partition], offset)
+            self._consumer.consumer.seek(tps[partition], offset)
+        self._consumer.restart()
         self._contiguous.start(positions)
         self._assigned = bool(tps)
 
@@ -550,7 +612,7 @@ class KafkaReader(LogReader):
         for tp, records in batch.items():
             kept, again = self._contiguous.take(tp.partition, [_record(r) for r in records], now)
             if again is not None:
-                self._consumer.seek(tp, again)
+                self._consumer.consumer.seek(tp, again)
                 cut = True
             if kept:
                 out[tp.partition] = kept
@@ -561,4 +623,4 @@ class KafkaReader(LogReader):
     async def close(self) -> None:
         consumer, self._consumer = self._consumer, None
         if consumer is not None:
-            await consumer.stop()
+            await consumer.consumer.stop()

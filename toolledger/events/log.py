@@ -261,8 +261,14 @@ class LogReader(ABC):
         """Records available now (waiting up to `max_wait` s for the first), by partition.
 
         An empty result means nothing new arrived in time, never that the log ended: an offset
-        past the end just yields nothing (some brokers do not report it as out of range).
+        past the end just yields nothing (some brokers do not report it as out of range). A
+        reader that polls its broker may wait longer than `max_wait` once it found nothing for a
+        while (up to its idle bound, `toolledger.events.pacing`), unless `wake` is called.
         """
+
+    def wake(self) -> None:  # noqa: B027 (a no-op by default: only polling readers back off)
+        """A hint that records may be readable now: a reader backed off while idle fetches at
+        once. Never needed for correctness, only for speed."""
 
     @abstractmethod
     async def close(self) -> None: ...

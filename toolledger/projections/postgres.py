@@ -33,7 +33,6 @@ JSON is stored as text so that what is read back is byte-for-byte what was folde
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import os
 import uuid
@@ -63,6 +62,7 @@ from toolledger.projections.batch_sql import (
 )
 from toolledger.projections.facts import Fact
 from toolledger.projections.gc_pause import gc_paused
+from toolledger.projections.listening import channel_for
 from toolledger.projections.migrations import check_schema_name, migrate, quote_ident
 from toolledger.projections.store import (
     AppliedBatch,
@@ -308,11 +308,7 @@ class _Appender:
 
 def notify_channel_for(schema: str) -> str:
     """The LISTEN channel of a schema's verdicts; within PostgreSQL's 63-byte name limit."""
-    channel = f"toolledger_v_{schema}"
-    if len(channel) <= 63:
-        return channel
-    suffix = hashlib.sha256(schema.encode()).hexdigest()[:8]
-    return f"{channel[:54]}_{suffix}"
+    return channel_for("v", schema)
 
 
 async def _init_connection(conn: asyncpg.Connection[asyncpg.Record]) -> None:

@@ -17,6 +17,10 @@ transaction as the offset move.
 
 Each batch's transaction is a span, and a reservation carrying a trace context gets one in the
 call's trace (`toolledger.projections.tracing`).
+
+While nothing arrives its reader backs off to the idle bound between fetches, and `wake` (an
+append hint, `toolledger.projections.hints`) ends the wait at once; so an idle projector's loop
+turns a few times a second, and its ownership checks with it.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 from toolledger.events.codec import decode
@@ -127,6 +131,18 @@ class Projector:
 
     def stop(self) -> None:
         self._stopping.set()
+        if self._reader is not None:
+            self._reader.wake()  # a reader backed off while idle would finish its wait first
+
+    def wake(self, partitions: Collection[int] | None = None) -> bool:
+        """A hint that records were appended to `partitions` (None: maybe to any): if this
+        projector owns one, its reader fetches at once, even when backed off while idle
+        (`toolledger.projections.hints`). Says whether it owns one."""
+        owned = self._owned
+        owns = bool(owned) if partitions is None else any(p in owned for p in partitions)
+        if owns and self._reader is not None:
+            self._reader.wake()
+        return owns
 
     async def run(self) -> None:
         """Project until `stop()`; raises `LogIdentityError` if the log is not the ledger's.

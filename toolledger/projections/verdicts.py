@@ -10,9 +10,11 @@ catch-up batch (`toolledger.projections.postgres` says why), is announced by its
 which only says "look now"; so is every verdict from a projector older than this one.
 
 Arrival is never trusted: every pending event_id is re-read from `verdicts` on such a hint,
-after the listener reconnects, and every 50 ms regardless, so a lost notification or a killed
-LISTEN connection costs at most one poll interval, never a verdict. One LISTEN connection serves
-every waiter of the process; one query reads all pending event_ids at once.
+after the listener reconnects, and every 50 ms regardless while anything is pending, so a lost
+notification or a killed LISTEN connection costs at most one poll interval, never a verdict; a
+waiter that had nothing pending for a second stops ticking until something is (idle means
+idle). One LISTEN connection serves every waiter of the process; one query reads all pending
+event_ids at once.
 
 A command registers its event_id (`expect`) before appending the event, so no notification for
 it can arrive before its waiter: its wait then needs no read of its own, and under load the
@@ -25,25 +27,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
 from toolledger.errors import seconds
 from toolledger.events.records import Verdict
 from toolledger.projections.dberrors import database_errors
+from toolledger.projections.listening import PostgresListener, stop_task
 from toolledger.runtime.port import LedgerUnavailable
-
-if TYPE_CHECKING:
-    import asyncpg
 
 log = logging.getLogger("toolledger.verdicts")
 
 POLL_INTERVAL = 0.05
+#: Ticks with nothing pending before the waiter stops ticking (a second): calls that come
+#: closer together than that find it ticking, as it always did, instead of waking it each.
+QUIET_TICKS = 20
 #: PostgreSQL's bound on a notification payload: it must be shorter than this many bytes.
 NOTIFY_PAYLOAD_LIMIT = 8000
 
@@ -63,6 +64,7 @@ class VerdictWaiter:
         self._poll_interval = poll_interval
         self._pending: dict[uuid.UUID, list[asyncio.Future[Verdict]]] = {}
         self._wake = asyncio.Event()
+        self._armed = asyncio.Event()  # set when something becomes pending (wakes a quiet loop)
         self._task: asyncio.Task[None] | None = None
         self.polls = 0
 
@@ -72,10 +74,7 @@ class VerdictWaiter:
 
     async def close(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await stop_task(task)
         for futures in self._pending.values():
             for fut in futures:
                 if not fut.done():
@@ -103,6 +102,7 @@ class VerdictWaiter:
         `wait`, and to `discard` if the event is never appended."""
         fut: asyncio.Future[Verdict] = asyncio.get_running_loop().create_future()
         self._pending.setdefault(event_id, []).append(fut)
+        self._armed.set()
         return fut
 
     def discard(self, event_id: uuid.UUID, fut: asyncio.Future[Verdict]) -> None:
@@ -141,7 +141,13 @@ class VerdictWaiter:
             self.discard(event_id, fut)
 
     async def _loop(self) -> None:
+        quiet = 0  # ticks in a row with nothing pending
         while True:
+            quiet = 0 if self._pending else quiet + 1
+            if quiet > QUIET_TICKS:  # nothing to look for: no tick until something is pending
+                self._armed.clear()
+                await self._armed.wait()
+                quiet = 0
             # asyncio.timeout, not wait_for: no task per wake-up, so a hint reaches the read
             # below in the loop's next turn.
             with contextlib.suppress(TimeoutError):
@@ -175,53 +181,22 @@ def carried(event_id: uuid.UUID, body: str) -> Verdict | None:
     return verdict if verdict.event_id == event_id else None
 
 
-class PostgresNotifications:
-    """The process's one LISTEN connection: delivers the verdicts notifications carry, and
-    turns the others into waiter hints.
+class PostgresNotifications(PostgresListener):
+    """The process's one LISTEN connection for verdicts: delivers the verdicts notifications
+    carry, and turns the others into waiter hints.
 
     A notification for an event nobody here waits for is dropped before its verdict is
     parsed: every process listening on the ledger hears every verdict. If the connection dies
-    it reconnects with backoff and hints every waiter, because notifications sent while it was
-    down are lost.
+    it reconnects with backoff (`PostgresListener`) and hints every waiter, because
+    notifications sent while it was down are lost.
     """
 
     def __init__(self, dsn: str, channel: str, waiter: VerdictWaiter) -> None:
-        self._dsn = dsn
-        self._channel = channel
+        super().__init__(dsn, channel, "toolledger-listen")
         self._waiter = waiter
-        self._conn: asyncpg.Connection | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._lost = asyncio.Event()
-        self.reconnects = 0
 
-    async def start(self) -> None:
-        await self._connect()
-        self._task = asyncio.create_task(self._watch(), name="toolledger-listen")
-
-    @property
-    def backend_pid(self) -> int | None:
-        """The listener's server pid (drills kill it to prove waiters survive)."""
-        return None if self._conn is None else self._conn.get_server_pid()
-
-    async def _connect(self) -> None:
-        import asyncpg  # the driver loads only where PostgreSQL is used
-
-        conn = await asyncpg.connect(
-            self._dsn, server_settings={"application_name": f"toolledger-listen-{os.getpid()}"}
-        )
-        conn.add_termination_listener(lambda _c: self._lost.set())
-        await conn.add_listener(self._channel, self._on_notify)
-        self._conn = conn
-        self._lost.clear()
-
-    def _on_notify(
-        self,
-        _conn: asyncpg.Connection | asyncpg.pool.PoolConnectionProxy,
-        _pid: int,
-        _channel: str,
-        payload: object,
-    ) -> None:
-        head, _, body = str(payload).partition(" ")
+    def heard(self, payload: str) -> None:
+        head, _, body = payload.partition(" ")
         try:
             event_id = uuid.UUID(head)
         except ValueError:
@@ -235,32 +210,5 @@ class PostgresNotifications:
         else:
             self._waiter.deliver(verdict)
 
-    async def _watch(self) -> None:
-        delay = 0.05
-        while True:
-            await self._lost.wait()
-            log.warning("LISTEN connection lost; reconnecting")
-            self._waiter.hint()
-            while True:
-                try:
-                    await self._connect()
-                except database_errors() as exc:
-                    log.warning("LISTEN reconnect failed (%s)", exc)
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, 2.0)
-                    continue
-                self.reconnects += 1
-                delay = 0.05
-                self._waiter.hint()
-                break
-
-    async def close(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        conn, self._conn = self._conn, None
-        if conn is not None and not conn.is_closed():
-            with contextlib.suppress(Exception):
-                await conn.close(timeout=2)
+    def missed(self) -> None:
+        self._waiter.hint()

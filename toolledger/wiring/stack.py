@@ -8,12 +8,15 @@ production projectors are their own processes; a stack that runs one needs the p
 block) and refuses to start without them. Its runtime-side reads (a call's record, a
 verdict) share one PostgreSQL connection of their own, opened on first use
 (`toolledger.projections.postgres_reads` says why). The Kafka and PostgreSQL adapters are
-imported by `connect()` only, so the embedded stack never loads aiokafka or asyncpg.
+imported by `connect()` only, so the embedded stack never loads aiokafka or asyncpg. Every
+append to the events topic is hinted to the projector that owns its partition, in process or
+through PostgreSQL (`toolledger.projections.hints`), so an idle projector can stop polling.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +28,8 @@ from toolledger.events.payloads import PayloadLimits
 from toolledger.events.records import Verdict
 from toolledger.events.signing import SigningKey, VerifyKeys
 from toolledger.projections.facts import FactsPublisher
+from toolledger.projections.hints import AppendHints, HintListener, hint_channel_for
+from toolledger.projections.listening import PostgresListener
 from toolledger.projections.memory import MemoryLedger
 from toolledger.projections.ownership import MemoryPartitionLocks
 from toolledger.projections.projector import Projector, VerdictSink
@@ -57,7 +62,7 @@ class LedgerStack:
     call_reads: CallReads
     projector: Projector | None = None
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
-    _listeners: list[PostgresNotifications] = field(default_factory=list)
+    _listeners: list[PostgresListener] = field(default_factory=list)
     _reads: list[PointReads] = field(default_factory=list)
     #: Closed first by `close` (the leader server, a runtime's leader connections).
     on_close: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
@@ -117,10 +122,11 @@ class LedgerStack:
         create_topics: bool = True,
         listen: bool = True,
     ) -> LedgerStack:
-        """The stack against Kafka and PostgreSQL. `listen=False` opens no LISTEN connection:
-        for a process that never waits for a verdict (`toolledger projector`), whose every
-        notification would otherwise come back to it as a wake-up for nothing; its waiter
-        still polls, should anything wait after all."""
+        """The stack against Kafka and PostgreSQL. `listen=False` opens no LISTEN connection
+        for verdicts: for a process that never waits for a verdict (`toolledger projector`),
+        whose every notification would otherwise come back to it as a wake-up for nothing; its
+        waiter still polls, should anything wait after all. A stack that runs a projector
+        listens for append hints either way (`toolledger.projections.hints`)."""
         from toolledger.events.kafka import KafkaLog
         from toolledger.projections.ownership import PostgresPartitionLocks
         from toolledger.projections.postgres import PostgresLedger
@@ -132,20 +138,16 @@ class LedgerStack:
         verify_keys = VerifyKeys()
         if isinstance(settings, ProjectorSettings):
             verify_keys = settings.require_verify_keys() if run_projector else settings.verify_keys
-        size, replicas = settings.max_record_bytes, settings.replication_factor
-        events = KafkaLog(
-            bootstrap, settings.events_topic, max_record_bytes=size, replication_factor=replicas
-        )
-        facts = KafkaLog(
+        kafka_log = functools.partial(
+            KafkaLog,
             bootstrap,
-            settings.facts_topic,
-            max_batch_size=FACTS_BATCH_BYTES,
-            max_record_bytes=size,
-            replication_factor=replicas,
+            max_record_bytes=settings.max_record_bytes,
+            replication_factor=settings.replication_factor,
+            idle_bound=settings.idle_fetch_bound_ms / 1000,
         )
-        dlq = KafkaLog(
-            bootstrap, settings.dlq_topic, max_record_bytes=size, replication_factor=replicas
-        )
+        events = kafka_log(settings.events_topic)
+        facts = kafka_log(settings.facts_topic, max_batch_size=FACTS_BATCH_BYTES)
+        dlq = kafka_log(settings.dlq_topic)
         for topic in (events, facts, dlq):
             await topic.start()
         if create_topics:
@@ -195,6 +197,15 @@ class LedgerStack:
         stack = cls(events, facts, dlq, store, waiter, commands, call_reads, projector)
         if listener is not None:
             stack._listeners.append(listener)
+        hints = hint_channel_for(settings.schema_name)
+        if projector is not None:  # other processes' appends reach it through PostgreSQL
+            heard = HintListener(database_url, hints, projector.wake)
+            await heard.start()
+            stack._listeners.append(heard)
+        notify = None if listener is None else functools.partial(listener.notify, hints)
+        appended = AppendHints(notify, None if projector is None else projector.wake)
+        events.on_appended = appended.appended
+        stack.on_close.append(appended.close)
         stack._reads.append(reads)
         if leader is not None:
             stack.on_close.append(leader.close)
