@@ -431,7 +431,22 @@ async def test_a_frozen_projector_whose_partitions_were_taken_over_writes_nothin
             async def b_waits_on_a() -> object:
                 return await scene.db.fetchval(waiting, sorted(b_proc.local_ports()), batch["pid"])
 
-            await until(b_waits_on_a, timeout=10, what="B's compare-and-set to wait on A's batch")
+            try:
+                await until(
+                    b_waits_on_a, timeout=10, what="B's compare-and-set to wait on A's batch"
+                )
+            except AssertionError as timed_out:
+                # Say where both were, so a timeout seen once in CI can be explained.
+                session = await scene.db.fetchrow(
+                    "SELECT state, wait_event, now() - state_change AS idle, query "
+                    "FROM pg_stat_activity WHERE pid = $1",
+                    batch["pid"],
+                )
+                raise AssertionError(
+                    f"{timed_out}; A's batch session now: {dict(session) if session else 'gone'}"
+                    f"; B (pid {b_proc.pid}) alive: {b_proc.alive()}, last lines:\n"
+                    + "\n".join(b_proc.output().splitlines()[-30:])
+                ) from None
             await scene.terminate(batch["pid"])
             await scene.owns_all(b_proc)
         await appending
