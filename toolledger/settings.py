@@ -145,11 +145,10 @@ class Settings(BaseSettings):
         "indeterminate with an error naming the limit.",
     )
     leader: Literal["auto", "off"] = Field(
-        default="off",
-        description="Runtimes: `auto` sends reads, reservations, outcomes and abandons to the "
-        "leader of the run's partition when one is registered (the fast path), else appends "
-        "directly; `off` (the default until other processes' reads follow the leader's "
-        "answers: BENCHMARKS.md, issue 25) always appends directly.",
+        default="auto",
+        description="Runtimes: `auto` (the default) sends reads, reservations, outcomes and "
+        "abandons to the leader of the run's partition when one is registered (the fast path), "
+        "else appends directly; `off` always appends directly.",
     )
     leader_listen: str = Field(
         default="127.0.0.1:0",

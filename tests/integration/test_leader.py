@@ -31,10 +31,12 @@ from tests.integration.procs import Procs, toolledger_env, until
 from tests.isolated import Isolated, running_stack
 from tests.pipelined_tools import credit
 from toolledger import Ledger
-from toolledger.events.codec import encode
+from toolledger.events.codec import decode, encode
+from toolledger.events.log import partition_for
 from toolledger.events.models import Event
 from toolledger.events.records import CallRecord, Verdict
 from toolledger.leader.frames import Kind, encode_frame
+from toolledger.runtime.port import CallQuery
 from toolledger.wiring.stack import LedgerStack
 
 
@@ -163,6 +165,83 @@ async def test_reads_of_a_key_come_from_the_leaders_memory(
         assert json.loads(record.model_dump_json())["reservation_id"] == str(
             reserved.reservation_id
         )
+
+
+@pytest.mark.parametrize("partitions", [2])
+async def test_reads_of_postgresql_after_a_leaders_answer_wait_for_its_commit(
+    isolated: Isolated, partitions: int
+) -> None:
+    """A leader answers before its projection commits, so a runtime reading PostgreSQL right
+    after (the run it just paused, the calls of a run it just reserved: the twin check) would
+    see the ledger behind its own writes. Such a read must wait until the projection committed
+    what the leader answered this port in that partition, and a read of a partition this port
+    has nothing outstanding in must not wait at all."""
+    settings = _settings(isolated)
+    async with running_stack(settings) as stack, _runtime(stack, settings) as port:
+        await _all_led(port, partitions)
+        apply_written, released = stack.store.apply_written, asyncio.Event()
+
+        async def held(*args: Any, **kwargs: Any) -> Any:
+            await released.wait()
+            return await apply_written(*args, **kwargs)
+
+        stack.store.apply_written = held  # type: ignore[method-assign]
+        reserved = b.reserved("r-ryw", "c1")
+        assert (await port.append_and_await(reserved, 10)).accepted
+        assert port.stats == {"leader": 1, "direct": 0}
+        assert await stack.store.get_call(reserved.key) is None, "nothing committed yet"
+        mine = partition_for("r-ryw", partitions)
+        other = next(f"r-{i}" for i in range(100) if partition_for(f"r-{i}", partitions) != mine)
+        assert await asyncio.wait_for(port.read_run(other), 5) is None  # nothing to wait for
+        listed = asyncio.create_task(port.list_calls(CallQuery(tenant_id=None, run_id="r-ryw")))
+        run = asyncio.create_task(port.read_run("r-ryw"))
+        await asyncio.sleep(0.3)
+        assert not listed.done() and not run.done(), "read before the projection committed"
+        released.set()
+        (record,) = await asyncio.wait_for(listed, 10)
+        assert (record.key, record.status) == (reserved.key, "started")
+        found = await asyncio.wait_for(run, 10)
+        assert found is not None and found.tenant_id == "acme"
+        assert await stack.store.get_call(reserved.key) is not None
+
+
+@pytest.mark.parametrize("partitions", [2])
+async def test_the_projector_does_not_decode_again_what_its_leader_appended(
+    isolated: Isolated, partitions: int
+) -> None:
+    """The records a leader appended come back to its projector as the bytes it sent, which
+    decode to the events it already holds: the projector must fold those events rather than
+    decode them a second time, still decode every other writer's records, and commit the
+    verdicts the leader answered."""
+    settings = _settings(isolated)
+    async with running_stack(settings) as stack, _runtime(stack, settings) as port:
+        await _all_led(port, partitions)
+        projector = stack.projector
+        assert projector is not None
+        decoded: list[uuid.UUID] = []
+
+        def counting(value: bytes) -> Event:
+            event = decode(value)
+            decoded.append(event.event_id)
+            return event
+
+        projector.decode = counting
+        events = _calls(4, tag="r-own")
+        answered = [await port.append_and_await(e, 10) for e in events]
+        assert port.stats == {"leader": 8, "direct": 0}
+        foreign = b.reserved("r-foreign", "c1")
+        await stack.commands.append_and_await(foreign, 10)
+        ids = [e.event_id for e in events]
+        committed = await until(
+            lambda: _all_verdicts(stack, ids), timeout=15, what="the leader's records committed"
+        )
+        assert [committed[i] for i in ids] == answered
+        assert decoded == [foreign.event_id]
+
+
+async def _all_verdicts(stack: LedgerStack, ids: list[uuid.UUID]) -> dict[uuid.UUID, Verdict]:
+    found = await stack.store.verdicts(ids)
+    return found if len(found) == len(ids) else {}
 
 
 async def test_a_pipelined_call_runs_on_the_leaders_answers_while_no_commit_lands(

@@ -40,6 +40,7 @@ from tests.integrations.mcp_support import (
     text,
 )
 from tests.isolated import Isolated, running_stack
+from toolledger.events.records import CallRecord
 from toolledger.integrations.mcp import call_tool_keyed
 from toolledger.wiring.stack import LedgerStack
 
@@ -128,8 +129,14 @@ async def test_a_server_killed_after_the_refund_ran_is_answered_by_a_new_one(
     _by_name(procs, "mcp-a").kill()
     done, _ = await asyncio.wait({lost}, timeout=30)
     assert lost in done and lost.exception() is not None, "the client must not get an answer"
-    record = await projector.call_reads.get("r1:c1")
-    assert record is not None and record.status == "started"
+
+    # The reservation was answered by the partition's leader, before its projection committed
+    # it: the record reaches PostgreSQL a batch later, and must then say the call started.
+    async def projected() -> CallRecord | None:
+        return await projector.call_reads.get("r1:c1")
+
+    record = await until(projected, timeout=10, what="the reservation's record in PostgreSQL")
+    assert record.status == "started"
 
     answered = await refund(await http_server(procs, "mcp-b", settings, billing), ISSUE_THEN_STALL)
     assert status(answered) == "completed", text(answered)

@@ -162,7 +162,9 @@ def quarantined(run: RunRecord | None, run_id: str, reason: str) -> RunRecord:
 class LedgerFold:
     """Current records, runs and history, folded in log order.
 
-    `heads` maps each history key to the chain hash of its latest entry.
+    `heads` maps each history key to the chain hash of its latest entry. `with_history=False`
+    folds records, runs and verdicts alone (a leader answers verdicts; its projection writes the
+    history): an entry's chain hash and canonical JSON cost more than deciding the event.
     """
 
     keys: VerifyKeys = field(default_factory=VerifyKeys)
@@ -172,6 +174,7 @@ class LedgerFold:
     verdicts: dict[uuid.UUID, Verdict] = field(default_factory=dict)
     dead_letters: list[DeadLetter] = field(default_factory=list)
     heads: dict[str, str] = field(default_factory=dict)
+    with_history: bool = True
 
     def apply(self, item: Positioned | DeadLetter) -> Verdict | None:
         """Fold one log record. Returns None for an event_id already decided or a dead letter."""
@@ -194,6 +197,8 @@ class LedgerFold:
                 self.runs[verdict.run.run_id] = verdict.run
         elif verdict.call is not None and verdict.call is not call:
             self.calls[verdict.call.key] = verdict.call  # rejected, but flagged contested
+        if not self.with_history:
+            return verdict
         entry = history_entry(item, verdict, self.heads.get(event.key))
         self.heads[event.key] = entry.chain_hash
         self.history.append(entry)

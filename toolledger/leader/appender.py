@@ -48,6 +48,8 @@ GAP_BOUND = 2.0
 #: Seconds after its last request that a partition's memory stops following the projector's
 #: batches (`LeaderPartition.skip`): a partition nobody asks costs the projector nothing.
 IDLE_AFTER = 30.0
+#: Appended records whose decoded events are kept for the projector (`appended`), at most.
+APPENDED_CAP = 20_000
 
 Load = Callable[[int, Needs, int], Coroutine[Any, Any, Loaded]]
 
@@ -127,6 +129,11 @@ class PartitionAppender:
         self._wanted: _Wanted | None = None
         self._loader: asyncio.Task[None] | None = None
         self._asked = -IDLE_AFTER
+        #: The events of records this leader appended, by the bytes appended, until the
+        #: projector fetches them back (`LeaderServer.decoder`): Kafka returns a record's value
+        #: as it was sent, so those bytes decode to this very event, and decoding (a schema
+        #: read and a model validation per record) need not be done twice.
+        self.appended: dict[bytes, Event] = {}
 
     def in_use(self) -> bool:
         """Whether a runtime asked for this partition in the last `IDLE_AFTER` seconds."""
@@ -284,6 +291,10 @@ class PartitionAppender:
                     f"{position.partition}: the runtime and the leader disagree on the "
                     "partition count"
                 )
+        if len(self.appended) + len(batch) > APPENDED_CAP:
+            self.appended.clear()  # the projector is not fetching them (skipping, halted)
+        for request in batch:
+            self.appended[request.data] = request.event
         return list(positions)
 
 

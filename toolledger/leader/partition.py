@@ -98,7 +98,7 @@ class LeaderPartition:
         self.behind = False
         self.generation = 0
         self._verify = keys
-        self._fold = LedgerFold(keys=keys)
+        self._fold = LedgerFold(keys=keys, with_history=False)
         self._keys: set[str] = set()
         self._runs: set[str] = set()
         self._undecided: set[uuid.UUID] = set()
@@ -201,7 +201,6 @@ class LeaderPartition:
             if isinstance(item, Positioned):
                 self._undecided.discard(item.event.event_id)
             self.next = item.offset + 1
-        fold.history.clear()  # the projector writes history; the leader answers verdicts
         self.next = max(self.next, end)
 
     def verdict(self, event_id: uuid.UUID) -> Verdict | None:
@@ -244,7 +243,7 @@ class LeaderPartition:
         if self.behind or (self.next == end and size > MEMORY_CAP):
             self.behind = False
             self.next = end
-            self._fold = LedgerFold(keys=self._verify)
+            self._fold = LedgerFold(keys=self._verify, with_history=False)
             self._keys.clear()
             self._runs.clear()
             self._undecided.clear()

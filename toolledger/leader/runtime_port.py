@@ -20,12 +20,25 @@ An accelerator, never a dependency:
 Pipelined reservations work unchanged: `append` returns once the leader answered, which is
 after Kafka's acknowledgement, and keeps the verdict for the `await_verdict` that follows the
 tool if it was watched.
+
+**Reads see this port's writes.** A leader answers before its projection commits, so a read of
+PostgreSQL right after an answer could miss what was just decided: a run paused a moment ago,
+the twin of a call reserved a moment ago. So every read that goes to PostgreSQL first waits
+(`settled`) until the projection committed the last event a leader answered this port for in
+the partitions the read covers: the projector commits a partition in offset order, and a
+leader answers a partition's batches in that order, so that one verdict row being there means
+every earlier answer's rows are too. A port with nothing unsettled there reads at once, which
+is the usual case (a reservation's read of its key is answered by the leader, from memory).
+Closing the port settles everything, so a process that closed its ledger leaves the projection
+caught up with it for the next process to read. Another process's reads are not held back:
+the projection follows the answers within a batch (`docs/architecture.md`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from collections.abc import Collection
@@ -38,12 +51,18 @@ from toolledger.events.records import CallRecord, RunRecord, Verdict
 from toolledger.leader.client import LeaderDirectory
 from toolledger.leader.frames import Frame, Kind
 from toolledger.leader.server import runtime_may_append
-from toolledger.runtime.port import CallQuery, RuntimePort
+from toolledger.runtime.port import CallQuery, LedgerUnavailable, RuntimePort
 from toolledger.wiring.stack import LedgerStack
 from toolledger.wiring.stack_port import StackPort
 
 #: Seconds a leader has to answer before the call takes the direct path.
 DEFAULT_BOUND = 1.0
+#: Seconds a read waits for the projection to commit what leaders answered this port (a
+#: leader killed after answering costs a failover first), and closing waits for all of it.
+SETTLE_TIMEOUT = 10.0
+CLOSE_SETTLE_TIMEOUT = 3.0
+
+log = logging.getLogger("toolledger.leader")
 
 
 class LeaderPort(RuntimePort):
@@ -58,6 +77,9 @@ class LeaderPort(RuntimePort):
         self.bound = bound
         self._watched: set[uuid.UUID] = set()
         self._answered: dict[uuid.UUID, Verdict] = {}
+        #: Per partition, the last event a leader answered this port for that may not be
+        #: committed yet (`settled`).
+        self._unsettled: dict[int, uuid.UUID] = {}
         #: Requests the leader answered, and those that took the direct path instead.
         self.stats = {"leader": 0, "direct": 0}
 
@@ -71,7 +93,38 @@ class LeaderPort(RuntimePort):
         return self.direct.limits
 
     async def close(self) -> None:
+        try:
+            await self.settled(timeout=CLOSE_SETTLE_TIMEOUT)
+        except LedgerUnavailable as exc:
+            log.warning("closing before the projection caught up with the leaders: %s", exc)
         await self.directory.close()
+
+    async def settled(
+        self, partitions: Collection[int] | None = None, *, timeout: float = SETTLE_TIMEOUT
+    ) -> None:
+        """Return once the projection committed everything leaders answered this port for in
+        `partitions` (None: all); `LedgerUnavailable` if it does not within `timeout` s."""
+        wanted = [
+            (p, event_id)
+            for p, event_id in self._unsettled.items()
+            if partitions is None or p in partitions
+        ]
+        if not wanted:
+            return
+        waiter = self.direct.stack.waiter
+        try:
+            await asyncio.gather(*(waiter.wait(event_id, timeout) for _, event_id in wanted))
+        except LedgerUnavailable as exc:
+            raise LedgerUnavailable(
+                f"the ledger in PostgreSQL has not caught up with what the partition leaders "
+                f"answered ({exc}); nothing was read. Try again once the projector runs."
+            ) from exc
+        for p, event_id in wanted:
+            if self._unsettled.get(p) == event_id:
+                del self._unsettled[p]
+
+    def _settling(self, run_id: str | None) -> Collection[int] | None:
+        return None if run_id is None else (partition_for(run_id, self.partitions),)
 
     # -- the fast path -----------------------------------------------------------------------
 
@@ -105,6 +158,7 @@ class LeaderPort(RuntimePort):
             self.stats["direct"] += 1
             return None
         self.stats["leader"] += 1
+        self._unsettled[partition] = event.event_id
         return frame
 
     async def append_and_await(self, event: Event, timeout: float) -> Verdict:
@@ -155,22 +209,26 @@ class LeaderPort(RuntimePort):
         body = json.dumps({"key": key, "run_id": run_id}).encode()
         frame = await self._ask(partition_for(run_id, self.partitions), Kind.READ, body, self.bound)
         if frame is None or frame.kind is not Kind.RECORD:
+            await self.settled(self._settling(run_id))
             return await self.direct.read_call(key)
         if not frame.body:
             return None
         return await self.direct.restored_call(CallRecord.model_validate_json(frame.body))
 
-    # -- the direct path, as it is -----------------------------------------------------------
+    # -- the direct path, once what leaders answered this port is committed --------------------
 
     async def read_run(self, run_id: str) -> RunRecord | None:
+        await self.settled(self._settling(run_id))
         return await self.direct.read_run(run_id)
 
     async def list_calls(self, query: CallQuery) -> list[CallRecord]:
+        await self.settled(self._settling(query.run_id))
         return await self.direct.list_calls(query)
 
     async def list_runs(
         self, statuses: Collection[str], *, tenant_id: str | None = None
     ) -> list[RunRecord]:
+        await self.settled()
         return await self.direct.list_runs(statuses, tenant_id=tenant_id)
 
     async def restored_call(self, record: CallRecord) -> CallRecord:

@@ -51,7 +51,7 @@ from toolledger.leader.partition import Behind, LeaderPartition, Superseded
 from toolledger.leader.provenance import LeaderReads
 from toolledger.leader.tls import server_options
 from toolledger.projections.dberrors import database_errors
-from toolledger.projections.following import PartitionFollower
+from toolledger.projections.following import Decode, PartitionFollower
 
 log = logging.getLogger("toolledger.leader")
 
@@ -170,6 +170,19 @@ class LeaderServer(PartitionFollower):
             state.supersede(f"{type(exc).__name__}: {exc}")
         if halted:
             state.supersede(f"partition {partition} is halted at offset {next_offset}")
+
+    def decoder(self, partition: int, decode: Decode) -> Decode:
+        """The events this leader appended, for the bytes the projector fetches back."""
+        appender = self._led.get(partition)
+        if appender is None or not appender.appended:
+            return decode
+        appended = appender.appended
+
+        def decoded(value: bytes) -> Event:
+            event = appended.pop(value, None)
+            return decode(value) if event is None else event
+
+        return decoded
 
     def committed(self, partition: int, next_offset: int) -> None:
         appender = self._led.get(partition)

@@ -15,9 +15,12 @@ that partition.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from toolledger.events.fold import DeadLetter, Positioned
+from toolledger.events.models import Event
+
+Decode = Callable[[bytes], Event]
 
 
 class PartitionFollower(ABC):
@@ -46,3 +49,8 @@ class PartitionFollower(ABC):
     @abstractmethod
     def released(self, partition: int) -> None:
         """This process no longer projects `partition` (dropped, conflict, lost a service)."""
+
+    def decoder(self, partition: int, decode: Decode) -> Decode:
+        """How the projector decodes `partition`'s next fetched records: `decode`, unless the
+        follower already holds the events some of those bytes decode to."""
+        return decode

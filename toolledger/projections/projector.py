@@ -341,7 +341,10 @@ class Projector:
 
     async def _apply_records(self, partition: int, records: list[LogRecord]) -> int:
         start = self._owned[partition]
-        batch = decode_records(partition, records, start, self.store.verify_keys, self.decode)
+        decode = self.decode
+        if self.follower is not None:
+            decode = self.follower.decoder(partition, decode)
+        batch = decode_records(partition, records, start, self.store.verify_keys, decode)
         verdicts: list[Verdict] = []
         if self.follower is not None:
             await self.follower.folding(

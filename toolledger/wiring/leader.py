@@ -7,9 +7,9 @@ no other part of the codebase knows leaders exist:
   `PartitionFollower`) unless `TOOLLEDGER_LEADER_LISTEN=off`, with TLS when the projector's
   settings name its certificate (`toolledger.leader.tls`).
 - `leader_port` gives a runtime on Kafka and PostgreSQL its port: a `LeaderPort` over the
-  direct path with `TOOLLEDGER_LEADER=auto` (opt-in: BENCHMARKS.md, issue 25), else the
-  direct path. With no leader registered a `LeaderPort` behaves as the direct path; the
-  embedded (memory) stack keeps the direct path, having no network to save.
+  direct path with `TOOLLEDGER_LEADER=auto` (the default), else the direct path. With no
+  leader registered a `LeaderPort` behaves as the direct path; the embedded (memory) stack
+  keeps the direct path, having no network to save.
 
 A leader that listens beyond loopback without verifying runtimes' certificates starts, with a
 warning in the log: on a private network (a compose network, a VPC whose other hosts are the
@@ -105,5 +105,5 @@ def leader_port(direct: StackPort, settings: Settings) -> StackPort | LeaderPort
         settings.partitions,
         settings.leader_timeout_ms / 1000,
     )
-    stack.on_close.append(port.close)
+    stack.on_close.insert(0, port.close)  # settles (reads its waiter) before the rest closes
     return port
