@@ -239,11 +239,6 @@ async def test_the_projector_does_not_decode_again_what_its_leader_appended(
         assert decoded == [foreign.event_id]
 
 
-async def _all_verdicts(stack: LedgerStack, ids: list[uuid.UUID]) -> dict[uuid.UUID, Verdict]:
-    found = await stack.store.verdicts(ids)
-    return found if len(found) == len(ids) else {}
-
-
 async def test_a_pipelined_call_runs_on_the_leaders_answers_while_no_commit_lands(
     isolated: Isolated, tmp_path: Path
 ) -> None:
