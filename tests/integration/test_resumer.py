@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from tests.fake_billing import FakeBilling, use_service
-from tests.integration.procs import python_child
+from tests.integration.procs import python_child, until
 from tests.isolated import Isolated, child_env, running_ledger
 from tests.run_tools import ARGS, ScriptedModel, runs_billing
 from toolledger import ProjectorSettings
@@ -73,5 +73,10 @@ async def test_an_approved_call_resumes_its_paused_run_through_the_resumer(
                 await asyncio.sleep(0.05)
         assert log.read_text().split() == ["r1", "completed", "completed"]
         assert billing.effects() == 1
-        run = await stack.store.get_run("r1")
-        assert run is not None and run.status == "completed"
+
+        async def completed() -> bool:
+            # The resumer's process heard its leader answer; PostgreSQL has it a batch later.
+            run = await stack.store.get_run("r1")
+            return run is not None and run.status == "completed"
+
+        await until(completed, timeout=30, what="the resumed run's completion committed")

@@ -211,8 +211,13 @@ async def test_one_server_process_projects_serves_the_console_reconciles_and_res
     assert (await until(resumed, timeout=ACT_TIMEOUT, what="the resumer")).split() == [
         "r1", "completed", "completed",
     ]  # fmt: skip
-    run = await runtime.stack.store.get_run("r1")
-    assert run is not None and run.status == "completed"
+
+    async def completed() -> bool:
+        # The resumer's process heard its leader answer; PostgreSQL has it a batch later.
+        run = await runtime.stack.store.get_run("r1")
+        return run is not None and run.status == "completed"
+
+    await until(completed, timeout=ACT_TIMEOUT, what="the resumed run's completion committed")
 
     async def settled() -> bool:
         record = await runtime.read_call(reconciled)

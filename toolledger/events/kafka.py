@@ -139,6 +139,7 @@ class KafkaLog(EventLog):
         #: Reads offset 0 for `identity`: made on first use, kept paused between checks.
         self._identity_reader: AIOKafkaConsumer | None = None
         self._identity_lock = asyncio.Lock()
+        self._offsets_lock = asyncio.Lock()
         self._producer: AIOKafkaProducer | None = None
         self._topic_seen = False
         self._topic_check = asyncio.Lock()
@@ -253,8 +254,9 @@ class KafkaLog(EventLog):
 
     async def end_offsets(self) -> dict[int, int]:
         partitions = await self.partition_count()
-        if self._offsets is None:
-            self._offsets = await self._started_consumer("read the end offsets of")
+        async with self._offsets_lock:  # two callers at once must not start two consumers
+            if self._offsets is None:
+                self._offsets = await self._started_consumer("read the end offsets of")
         wanted = [TopicPartition(self.topic, p) for p in range(partitions)]
         try:
             ends = await self._offsets.end_offsets(wanted)
@@ -372,11 +374,7 @@ class KafkaLog(EventLog):
                     max_partition_fetch_bytes=IDENTITY_FETCH_BYTES,
                     fetch_max_bytes=IDENTITY_FETCH_BYTES,
                 )
-                try:
-                    await consumer.start()
-                except KafkaError as exc:
-                    await consumer.stop()
-                    raise LogError(f"cannot read offset 0 of {self.topic}: {exc!r}") from exc
+                await _start(consumer, f"cannot read offset 0 of {self.topic}")
                 self._identity_reader = consumer
             try:
                 return await self._read_offset_zero(consumer, partitions)
@@ -458,17 +456,26 @@ class KafkaLog(EventLog):
         """A started `_consumer()`; one that cannot start is stopped and reported as
         `LogError("cannot <doing> <topic>: ...")`."""
         consumer = self._consumer()
-        try:
-            await consumer.start()
-        except KafkaError as exc:
-            await consumer.stop()
-            raise LogError(f"cannot {doing} {self.topic}: {exc!r}") from exc
+        await _start(consumer, f"cannot {doing} {self.topic}")
         return consumer
 
     def _started(self) -> tuple[AIOKafkaClient, AIOKafkaProducer]:
         if self._metadata is None or self._producer is None:
             raise LogError(f"the KafkaLog of {self.topic} is not started: await start() first")
         return self._metadata, self._producer
+
+
+async def _start(consumer: AIOKafkaConsumer, failure: str) -> None:
+    """Start `consumer`, or stop it and raise: a consumer whose start failed or was cancelled
+    (a stack closing cancels its health task mid-start) is closed, never left to the collector
+    (aiokafka warns of an unclosed consumer there). A broker error is `LogError(failure: ...)`."""
+    try:
+        await consumer.start()
+    except BaseException as exc:
+        await asyncio.shield(consumer.stop())
+        if isinstance(exc, KafkaError):
+            raise LogError(f"{failure}: {exc!r}") from exc
+        raise
 
 
 def _missing(topic: str) -> str:
