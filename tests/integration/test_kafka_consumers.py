@@ -23,17 +23,17 @@ async def test_a_consumer_whose_start_is_cancelled_is_closed(isolated: Isolated)
     try:
         await log.ensure_topic(1)
         made: list[AIOKafkaConsumer] = []
+        starting = asyncio.Event()
         make = log._consumer
 
         def recording(**overrides: Any) -> AIOKafkaConsumer:
             made.append(make(**overrides))
+            starting.set()
             return made[-1]
 
         log._consumer = recording  # type: ignore[method-assign]
         reading = asyncio.create_task(log.end_offsets())
-        while not made:  # cancel on the first turn after the consumer exists: inside its start
-            await asyncio.sleep(0)
-        await asyncio.sleep(0)
+        await starting.wait()  # the consumer exists and its start is under way
         assert not reading.done(), "the start finished before it could be cancelled"
         reading.cancel()
         with pytest.raises(asyncio.CancelledError):
