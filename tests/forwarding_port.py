@@ -9,7 +9,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Collection
 
-from toolledger.events.models import Event
+from toolledger.events.models import CallReserved, Event
 from toolledger.events.records import CallRecord, RunRecord, Verdict
 from toolledger.runtime.forwarding import ForwardingPort
 from toolledger.runtime.port import CallQuery, RuntimePort
@@ -52,6 +52,10 @@ class Forwarding(ForwardingPort):
     async def append_and_await(self, event: Event, timeout: float) -> Verdict:
         self.asked.append("append_and_await")
         return await super().append_and_await(event, timeout)
+
+    async def read_or_reserve(self, reserved: CallReserved, timeout: float) -> CallRecord | Verdict:
+        self.asked.append("read_or_reserve")
+        return await RuntimePort.read_or_reserve(self, reserved, timeout)  # notes both steps
 
     async def await_verdict(self, event_id: uuid.UUID, timeout: float) -> Verdict:
         self.asked.append("await_verdict")

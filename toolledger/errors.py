@@ -51,6 +51,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "MissingExtra": ("toolledger.extras", "missing_extra"),
     "ModuleLoadError": ("toolledger.modules", "module_load"),
     "NotFound": ("toolledger.api.errors", "not_found"),
+    "NothingReserved": ("toolledger.runtime.port", "nothing_reserved"),
     "OffsetConflict": ("toolledger.projections.store", "offset_conflict"),
     "OperatorError": ("toolledger.api.errors", "operator_error"),
     "OutcomeVerdictPending": ("toolledger.runtime.protocol", "outcome_verdict_pending"),

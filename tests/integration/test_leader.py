@@ -20,7 +20,7 @@ import pytest
 
 from tests import builders as b
 from tests.contract.runtime_harness import ARGS
-from tests.fake_billing import FakeBilling, use_service
+from tests.fake_billing import FakeBilling, issue_credit, issue_credit_unreconciled, use_service
 from tests.integration.leader_support import all_led as _all_led
 from tests.integration.leader_support import calls as _calls
 from tests.integration.leader_support import history_count as _history_count
@@ -110,9 +110,10 @@ async def test_an_unresponsive_leader_sends_calls_direct_within_the_bound_none_l
 
 
 async def test_bad_frames_close_their_connection_and_append_nothing(isolated: Isolated) -> None:
-    """Garbage, an oversized length, an unknown kind, an answer sent as a request or bytes that
-    are not an event must close that connection and never reach the log or stop the projector;
-    an operator decision is refused; a good request on a new connection is still answered."""
+    """Garbage, an oversized length, an unknown kind, an answer sent as a request, bytes that
+    are not an event or a `RESERVE` of anything but a reservation must close that connection
+    and never reach the log or stop the projector; an operator decision is refused; a good
+    request on a new connection is still answered."""
     settings = _settings(isolated)
     async with running_stack(settings) as stack, _runtime(stack, settings) as port:
         leaders = await _all_led(port, settings.partitions)
@@ -124,6 +125,7 @@ async def test_bad_frames_close_their_connection_and_append_nothing(isolated: Is
             struct.pack(">I", 5) + bytes([99]) + struct.pack(">I", 7),
             encode_frame(Kind.VERDICT, 3, b"{}"),
             encode_frame(Kind.READ, 4, b"not json"),
+            encode_frame(Kind.RESERVE, 5, encode(b.completed(b.reserved("r-bad", "c1")))),
         ]
         for data in bad:
             reader, writer = await asyncio.open_connection(host, int(number))
@@ -273,3 +275,73 @@ async def test_a_pipelined_call_runs_on_the_leaders_answers_while_no_commit_land
 async def _completed(stack: LedgerStack, key: str) -> CallRecord | None:
     record = await stack.store.get_call(key)
     return record if record is not None and record.status == "completed" else None
+
+
+async def test_a_new_calls_read_and_reservation_are_one_request_and_a_replay_appends_nothing(
+    isolated: Isolated, tmp_path: Path
+) -> None:
+    """A verdict-first call of a new key must cost its runtime two requests to the leader (the
+    reservation, which carries the read of its key, and the outcome), and the same call made
+    again must be answered from the key's record by one request, with nothing appended."""
+    settings = _settings(isolated)
+    service = use_service(FakeBilling(tmp_path / "billing.db"))
+    async with running_stack(settings) as stack, _runtime(stack, settings) as port:
+        await _all_led(port, settings.partitions)
+        ledger = Ledger(port, verdict_timeout=5)
+        first = await ledger.call(
+            issue_credit, tenant_id="acme", arguments=ARGS, run_id="r-one", tool_call_id="c1"
+        )
+        assert first.status == "completed" and port.stats == {"leader": 2, "direct": 0}
+        ends = await stack.events.end_offsets()
+        again = await ledger.call(
+            issue_credit, tenant_id="acme", arguments=ARGS, run_id="r-one", tool_call_id="c1"
+        )
+        assert again.replayed and again.value == first.value
+        assert port.stats == {"leader": 3, "direct": 0}
+        assert await stack.events.end_offsets() == ends, "the replay appended something"
+        await ledger.close()
+        await port.settled()  # what the leader answered, committed
+        history = await stack.store.history("r-one:c1")
+        assert [h.event_type for h in history] == ["call_reserved", "call_completed"]
+        assert service.effects() == 1
+
+
+async def test_a_reservation_whose_answer_was_lost_is_resent_not_taken_for_another_holder(
+    isolated: Isolated, tmp_path: Path
+) -> None:
+    """A leader that appended a reservation and never answered leaves its record in the ledger
+    as `started`. The runtime's direct path then reads that record: it must know the
+    reservation for its own (resend it, same event_id, for its verdict) and run the tool once,
+    not answer that another driver holds the call."""
+    settings = _settings(isolated, leader_timeout_ms=300)
+    service = use_service(FakeBilling(tmp_path / "billing.db"))
+    async with running_stack(settings) as stack, _runtime(stack, settings) as port:
+        await _all_led(port, settings.partitions)
+        leader = _leader(stack)
+        reserve, appended = leader._reserve, asyncio.Event()
+
+        async def lost(event: Event, data: bytes) -> Any:
+            got = await reserve(event, data)  # appended and proven; the answer never leaves
+            appended.set()
+            await asyncio.sleep(30)
+            return got
+
+        leader._reserve = lost  # type: ignore[method-assign]
+        ledger = Ledger(port, verdict_timeout=5)
+        outcome = await ledger.call(
+            issue_credit_unreconciled,
+            run_id="r-one",
+            tool_call_id="c1",
+            tenant_id="acme",
+            arguments=ARGS,
+        )
+        assert appended.is_set() and outcome.status == "completed"
+        assert service.effects() == 1
+        await ledger.close()
+
+        async def settled() -> list[str] | None:  # the outcome went direct: a batch later
+            history = await stack.store.history("r-one:c1")
+            return [h.event_type for h in history] if len(history) > 1 else None
+
+        got = await until(settled, timeout=15, what="the outcome committed")
+        assert got == ["call_reserved", "call_completed"]

@@ -41,6 +41,7 @@ from toolledger.events.records import CallRecord
 from toolledger.projections.ownership import MemoryPartitionLocks
 from toolledger.projections.projector import Projector
 from toolledger.runtime.executor import CallIdentity
+from toolledger.runtime.port import LedgerUnavailable
 from toolledger.runtime.protocol import CallProtocol, OutcomeVerdictPending, WaitPolicy
 from toolledger.runtime.runs import ModelTurn
 from toolledger.wiring.stack import LedgerStack
@@ -337,3 +338,31 @@ async def test_a_resend_right_after_a_cancelled_reservation_runs_the_call(ledger
     assert refusing.refused[0] == "call_abandoned"
     history = [e.event_type for e in await ledger.stack.store.history("r4:c1")]
     assert history == ["call_reserved", "call_abandoned", "call_reserved", "call_completed"]
+
+
+class Unreadable(Forwarding):
+    """The ledger's store cannot be read; Kafka takes appends."""
+
+    async def read_call(self, key: str) -> CallRecord | None:
+        self.asked.append("read_call")
+        raise LedgerUnavailable("the store is down (injected)")
+
+
+async def test_a_new_call_whose_key_cannot_be_read_appends_nothing_and_says_why(
+    ledger: Ledger,
+) -> None:
+    """A new call's read and reservation go as one request (`read_or_reserve`). When the read
+    fails, nothing was reserved: the call must raise the read's own error, and append neither
+    a reservation nor an abandon for a reservation that never was."""
+    port = Unreadable(ledger.port)
+    on_port = Ledger(port, verdict_timeout=ledger.verdict_timeout)
+    before = await ledger.stack.events.end_offsets()
+    with pytest.raises(LedgerUnavailable, match="the store is down") as caught:
+        await on_port.call(
+            charge, run_id="r-down", tool_call_id="c1", tenant_id="acme", arguments={"amount": 1}
+        )
+    assert type(caught.value) is LedgerUnavailable
+    assert port.asked == ["read_or_reserve", "read_call"]
+    assert await on_port.wait_background(5)
+    assert await ledger.stack.events.end_offsets() == before, "something was appended"
+    await on_port.close()

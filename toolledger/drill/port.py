@@ -39,7 +39,7 @@ from toolledger.events.models import (
     CallReserved,
     Event,
 )
-from toolledger.events.records import Verdict
+from toolledger.events.records import CallRecord, Verdict
 from toolledger.leader.runtime_port import LeaderPort
 from toolledger.runtime.forwarding import ForwardingPort
 from toolledger.wiring.stack import LedgerStack
@@ -163,6 +163,21 @@ class DrillPort(ForwardingPort):
         if isinstance(event, CallReserved) and verdict.accepted:
             self.kill_points.reach("reserved", event.key)
         return verdict
+
+    async def read_or_reserve(self, reserved: CallReserved, timeout: float) -> CallRecord | Verdict:
+        cell: list[Via] = [self._first]
+        token = _VIA.set(cell)
+        try:
+            found = await super().read_or_reserve(reserved, timeout)
+        finally:
+            _VIA.reset(token)
+        if isinstance(found, CallRecord):
+            return found  # nothing appended: nothing to retry, no verdict heard
+        self.verdicts.write(found, cell[0])
+        await self._duplicate(reserved)
+        if found.accepted:
+            self.kill_points.reach("reserved", reserved.key)
+        return found
 
     async def await_verdict(self, event_id: uuid.UUID, timeout: float) -> Verdict:
         return await self._heard(super().await_verdict(event_id, timeout))

@@ -11,7 +11,7 @@ A frame is
     length   u32, big-endian: the bytes that follow (header and body)
     kind     u8, one of `Kind`
     request  u32, the request id, chosen by the sender of the request
-    body     the rest: Avro bytes (`APPEND`), UTF-8 JSON or text (everything else)
+    body     the rest: Avro bytes (`APPEND`, `RESERVE`), UTF-8 JSON or text (everything else)
 
 Nothing here trusts the peer. A frame longer than the reader's `max_body`, shorter than its
 header, or of a kind outside `Kind` raises `FrameError` before its body is looked at, and the
@@ -43,9 +43,15 @@ class Kind(enum.IntEnum):
     APPEND = 1
     #: Request: the record of a call key (body: JSON `{"key", "run_id"}`), from memory.
     READ = 2
+    #: Request: reserve this call unless its key is known (body: the `CallReserved`'s Avro
+    #: bytes). Answered `RECORD` with the key's record if it has one (nothing appended), else
+    #: appended and answered as an `APPEND` is: the read and the reservation of a new call in
+    #: one round trip.
+    RESERVE = 3
     #: Answer: the verdict (body: `Verdict` JSON), the fold of the log up to the event's record.
     VERDICT = 16
-    #: Answer to `READ`: the call record's JSON, or an empty body for "no such call".
+    #: Answer to `READ`: the call record's JSON, or an empty body for "no such call"; to
+    #: `RESERVE`: the record of the key, which was known, so nothing was appended.
     RECORD = 17
     #: Answer: this process does not lead that partition (body: JSON `{"partition", "leader"}`,
     #: the leader's address if this process knows it, else null). Nothing was appended.
@@ -57,11 +63,12 @@ class Kind(enum.IntEnum):
     REFUSED = 20
     #: Answer: cannot be served now (body: the reason); nothing was appended, use the direct path.
     UNAVAILABLE = 21
-    #: Answer to `READ`: this leader cannot vouch for that key now; read it on the direct path.
+    #: Answer to `READ` or `RESERVE`: this leader cannot vouch for that key now; read it on the
+    #: direct path (nothing was appended).
     NOT_KNOWN = 22
 
 
-REQUESTS = frozenset({Kind.APPEND, Kind.READ})
+REQUESTS = frozenset({Kind.APPEND, Kind.READ, Kind.RESERVE})
 
 
 class FrameError(ToolLedgerError):

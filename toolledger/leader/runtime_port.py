@@ -1,9 +1,10 @@
 """LeaderPort: the runtime port on the fast path, with the direct path underneath.
 
-Reservations, a runtime's outcomes, abandons, run events and the fast-path read of a key go to
-the leader of the run's partition (`toolledger.leader.server`): the leader appends, proves the
-offset and answers with the verdict, so such a call needs no Kafka producer of its own, no
-LISTEN and no PostgreSQL read. Everything else (listings, runs, operator events, payload blobs)
+Reservations (with the read of their key, `read_or_reserve`: one round trip), a runtime's
+outcomes, abandons, run events and the fast-path read of a key go to the leader of the run's
+partition (`toolledger.leader.server`): the leader appends, proves the offset and answers with
+the verdict, so such a call needs no Kafka producer of its own, no LISTEN and no PostgreSQL
+read. Everything else (listings, runs, operator events, payload blobs)
 and every request the leader cannot serve takes the direct path, the `StackPort` this port
 wraps, unchanged. The port's promises (`toolledger.runtime.port`) hold on both paths.
 
@@ -45,13 +46,13 @@ from collections.abc import Collection
 
 from toolledger.events.codec import encode
 from toolledger.events.log import partition_for
-from toolledger.events.models import Event
+from toolledger.events.models import CallReserved, Event
 from toolledger.events.payloads import PayloadLimits
 from toolledger.events.records import CallRecord, RunRecord, Verdict
 from toolledger.leader.client import LeaderDirectory
 from toolledger.leader.frames import Frame, Kind
 from toolledger.leader.server import runtime_may_append
-from toolledger.runtime.port import CallQuery, LedgerUnavailable, RuntimePort
+from toolledger.runtime.port import CallQuery, LedgerUnavailable, NothingReserved, RuntimePort
 from toolledger.wiring.stack import LedgerStack
 from toolledger.wiring.stack_port import StackPort
 
@@ -63,6 +64,12 @@ SETTLE_TIMEOUT = 10.0
 CLOSE_SETTLE_TIMEOUT = 3.0
 
 log = logging.getLogger("toolledger.leader")
+
+#: The answers a leader serves a request with; any other takes the direct path.
+_SERVED = {
+    Kind.APPEND: frozenset({Kind.VERDICT, Kind.APPENDED}),
+    Kind.RESERVE: frozenset({Kind.VERDICT, Kind.APPENDED, Kind.RECORD, Kind.NOT_KNOWN}),
+}
 
 
 class LeaderPort(RuntimePort):
@@ -144,8 +151,12 @@ class LeaderPort(RuntimePort):
             return None
         return frame
 
-    async def _via_leader(self, event: Event, within: float) -> Frame | None:
-        """`VERDICT` or `APPENDED` from the leader; None: take the direct path."""
+    async def _via_leader(
+        self, event: Event, within: float, kind: Kind = Kind.APPEND
+    ) -> Frame | None:
+        """`VERDICT` or `APPENDED` from the leader (to a `RESERVE`, also `RECORD`: nothing
+        appended, and `NOT_KNOWN`: nothing appended, read the key directly); None: take the
+        direct path (the leader may have appended it: resend it there)."""
         if not runtime_may_append(event):
             return None
         light = await self.direct.stack.commands.offload(event)
@@ -153,13 +164,24 @@ class LeaderPort(RuntimePort):
         if len(data) > self.direct.stack.events.max_record_bytes:
             return None  # the direct path refuses it (`RecordTooLarge`), as it always did
         partition = partition_for(event.run_id, self.partitions)
-        frame = await self._ask(partition, Kind.APPEND, data, within)
-        if frame is None or frame.kind not in (Kind.VERDICT, Kind.APPENDED):
+        frame = await self._ask(partition, kind, data, within)
+        if frame is None or frame.kind not in _SERVED[kind]:
             self.stats["direct"] += 1
             return None
+        if frame.kind is Kind.NOT_KNOWN:
+            self.stats["direct"] += 1
+            return frame
         self.stats["leader"] += 1
-        self._unsettled[partition] = event.event_id
+        if frame.kind is not Kind.RECORD:
+            self._unsettled[partition] = event.event_id
         return frame
+
+    async def _verdict(self, event: Event, frame: Frame, timeout: float) -> Verdict:
+        """The verdict a `VERDICT` frame carries, or (`APPENDED`) the durable one."""
+        if frame.kind is Kind.APPENDED:
+            return await self.direct.await_verdict(event.event_id, timeout)
+        verdict = Verdict.model_validate_json(frame.body)
+        return await self.direct.stack.commands.restored_verdict(verdict)
 
     async def append_and_await(self, event: Event, timeout: float) -> Verdict:
         started = time.monotonic()
@@ -167,10 +189,35 @@ class LeaderPort(RuntimePort):
         left = max(timeout - (time.monotonic() - started), 0.001)
         if frame is None:
             return await self.direct.append_and_await(event, left)
-        if frame.kind is Kind.APPENDED:
-            return await self.direct.await_verdict(event.event_id, left)
-        verdict = Verdict.model_validate_json(frame.body)
-        return await self.direct.stack.commands.restored_verdict(verdict)
+        return await self._verdict(event, frame, left)
+
+    async def read_or_reserve(self, reserved: CallReserved, timeout: float) -> CallRecord | Verdict:
+        """One `RESERVE` to the leader: the key's record, or the reservation's verdict.
+
+        On the direct path the key is read, then reserved unless it has a record. After a
+        leader that failed the reservation may have been appended anyway, so a record of this
+        very reservation is that append landing: it is resent (same event_id, applied once)
+        for its verdict, and a read that fails then is a failed reservation (abandon it), not
+        `NothingReserved`.
+        """
+        started = time.monotonic()
+        frame = await self._via_leader(reserved, timeout, Kind.RESERVE)
+        left = max(timeout - (time.monotonic() - started), 0.001)
+        if frame is not None and frame.kind is Kind.RECORD:
+            return await self.direct.restored_call(CallRecord.model_validate_json(frame.body))
+        if frame is not None and frame.kind is not Kind.NOT_KNOWN:
+            return await self._verdict(reserved, frame, left)
+        try:
+            await self.settled(self._settling(reserved.run_id))
+            record = await self.direct.read_call(reserved.key)
+        except LedgerUnavailable as exc:
+            if frame is None:
+                raise
+            raise NothingReserved(exc) from exc
+        if record is not None and record.reservation_id != reserved.reservation_id:
+            return record
+        left = max(timeout - (time.monotonic() - started), 0.001)
+        return await self.direct.append_and_await(reserved, left)
 
     async def append(self, event: Event, timeout: float) -> None:
         started = time.monotonic()

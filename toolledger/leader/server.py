@@ -3,7 +3,8 @@
 It is not a service of its own. The projector that holds a partition's advisory lock tells the
 leader (`PartitionFollower`), which then keeps that partition's fold in memory
 (`LeaderPartition`), registers its address on the partition's ownership row, and answers
-`APPEND` and `READ` requests for it over length-prefixed frames (`toolledger.leader.frames`).
+`APPEND`, `READ` and `RESERVE` (a read, and an append if the key is new) requests for it over
+length-prefixed frames (`toolledger.leader.frames`).
 A request for a partition it does not lead is answered `NOT_LEADER`, with the registered
 leader when it knows one. Ownership stays PostgreSQL's locks, order and durability Kafka's.
 
@@ -36,6 +37,7 @@ from toolledger.events.models import (
     Event,
     RunEvent,
 )
+from toolledger.events.records import CallRecord
 from toolledger.events.signing import VerifyKeys
 from toolledger.leader.appender import Answer, GapReader, PartitionAppender
 from toolledger.leader.frames import (
@@ -232,10 +234,17 @@ class LeaderServer(PartitionFollower):
             writer.close()
 
     def _request(self, frame: Frame) -> Event | tuple[str, str]:
-        """The event of an `APPEND` or the (key, run_id) of a `READ`; `FrameError` (or
-        `DecodeError`) for anything else."""
+        """The event of an `APPEND` or a `RESERVE`, or the (key, run_id) of a `READ`;
+        `FrameError` (or `DecodeError`) for anything else."""
         if frame.kind is Kind.APPEND:
             return decode(frame.body)
+        if frame.kind is Kind.RESERVE:
+            event = decode(frame.body)
+            if not isinstance(event, CallReserved):
+                raise FrameError(
+                    f"RESERVE request {frame.request} carries {event.type}, not a reservation"
+                )
+            return event
         if frame.kind is Kind.READ:
             try:
                 asked = json.loads(frame.body)
@@ -252,6 +261,8 @@ class LeaderServer(PartitionFollower):
         try:
             if isinstance(request, tuple):
                 kind, body = await self._read(*request)
+            elif frame.kind is Kind.RESERVE:
+                kind, body = await self._reserve(request, frame.body)
             else:
                 answer = await self._append(request, frame.body)
                 kind, body = answer.kind, _body(answer)
@@ -277,6 +288,29 @@ class LeaderServer(PartitionFollower):
         return await appender.submit(event, data)
 
     async def _read(self, key: str, run_id: str) -> tuple[Kind, bytes]:
+        found = await self._known(key, run_id)
+        if isinstance(found, tuple):
+            return found
+        return Kind.RECORD, b"" if found is None else found.model_dump_json().encode()
+
+    async def _reserve(self, event: Event, data: bytes) -> tuple[Kind, bytes]:
+        """`RESERVE`: the key's record if it has one, else `event` appended and proven.
+
+        Nothing guards the key between the look and the append: a reservation of the same key
+        appended meanwhile (by anyone) is simply folded first, and the decider rejects the
+        later one, exactly as when a runtime reads and then reserves.
+        """
+        found = await self._known(event.key, event.run_id)
+        if isinstance(found, tuple):
+            return found
+        if found is not None:
+            return Kind.RECORD, found.model_dump_json().encode()
+        answer = await self._append(event, data)
+        return answer.kind, _body(answer)
+
+    async def _known(self, key: str, run_id: str) -> CallRecord | tuple[Kind, bytes] | None:
+        """The key's record as memory holds it (None: no such call), learnt from PostgreSQL
+        if need be; or the answer when this leader cannot vouch for it."""
         partition = partition_for(run_id, self.partitions)
         appender = self._leading(partition)
         if appender is None:
@@ -295,7 +329,7 @@ class LeaderServer(PartitionFollower):
             return Kind.NOT_LEADER, json.dumps({"partition": partition}).encode()
         if not known or (record is not None and record.run_id != run_id):
             return Kind.NOT_KNOWN, b""
-        return Kind.RECORD, b"" if record is None else record.model_dump_json().encode()
+        return record
 
     def _leading(self, partition: int) -> PartitionAppender | None:
         appender = self._led.get(partition)

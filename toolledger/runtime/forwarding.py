@@ -11,7 +11,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Collection
 
-from toolledger.events.models import Event
+from toolledger.events.models import CallReserved, Event
 from toolledger.events.payloads import PayloadLimits
 from toolledger.events.records import CallRecord, RunRecord, Verdict
 from toolledger.runtime.port import CallQuery, RuntimePort
@@ -52,6 +52,9 @@ class ForwardingPort(RuntimePort):
 
     async def append_and_await(self, event: Event, timeout: float) -> Verdict:
         return await self.inner.append_and_await(event, timeout)
+
+    async def read_or_reserve(self, reserved: CallReserved, timeout: float) -> CallRecord | Verdict:
+        return await self.inner.read_or_reserve(reserved, timeout)
 
     async def await_verdict(self, event_id: uuid.UUID, timeout: float) -> Verdict:
         return await self.inner.await_verdict(event_id, timeout)

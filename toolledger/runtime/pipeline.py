@@ -9,6 +9,9 @@ them is a parameter, never a copy of the flow (docs/architecture.md, "The one ro
 2. **Read** the key's record once (the fast path), through read-your-writes: a `started`
    record this process already appended an outcome or abandon for is answered by that event's
    verdict. A caller that has read it already (the call-policy layer) hands the record in.
+   A verdict-first call that has not goes with its reservation (`read_or_reserve`): the port
+   appends it only if the key has no record, which a partition leader answers in one round
+   trip instead of two.
 3. **Replay** (`toolledger.runtime.replay`): a completed key returns its recorded result,
    another digest is a `KeyConflictError`, a `started` or `indeterminate` key asks the reconcile
    hook. The fast path may skip a call, never decide to run one.
@@ -41,7 +44,7 @@ from typing import Any, Final, Generic, TypeVar
 from pydantic import ValidationError
 
 from toolledger.events.models import CallIndeterminate, CallReserved, call_key
-from toolledger.events.records import CallRecord
+from toolledger.events.records import CallRecord, Verdict
 from toolledger.runtime import pipelined, replay
 from toolledger.runtime.errors import (
     ToolArgumentsError,
@@ -52,7 +55,7 @@ from toolledger.runtime.errors import (
 )
 from toolledger.runtime.executor import Attempted, CallIdentity, Indeterminate
 from toolledger.runtime.outcome import ToolOutcome, own_outcome, settled_outcome, unsettled_error
-from toolledger.runtime.port import LedgerUnavailable
+from toolledger.runtime.port import LedgerUnavailable, NothingReserved
 from toolledger.runtime.protocol import CallProtocol, Landed
 from toolledger.runtime.tools import PreparedCall, Tool
 from toolledger.runtime.tracing import CallTrace, Phase
@@ -155,13 +158,15 @@ class CallPipeline:
         """
         with CallTrace(tool.name, tool.effect.kind, who.run_id, who.tool_call_id, who.key) as tr:
             prepared = self._prepare(tool, who, arguments)
+            call = _Call(tool, tr, prepared, who, run_version, warning, compensates)
+            if isinstance(record, _Unread) and not tool.effect.pipelined and not tr.recording:
+                return tr.outcome(await self._read_or_reserve(call))
             if isinstance(record, _Unread):
                 record = await self.read(who.key)
             if record is not None:
                 known = await replay.replay_known(self.protocol, tool, prepared, who, record)
                 if known is not None:
                     return tr.outcome(known)
-            call = _Call(tool, tr, prepared, who, run_version, warning, compensates)
             if tool.effect.pipelined and await self.runs.bound_to_caller(self.port, tool.name, who):
                 return tr.outcome(await self._pipelined(call))
             return tr.outcome(await self._verdict_first(call))
@@ -193,15 +198,56 @@ class CallPipeline:
             trace_context=phase.trace_context(),
         )
 
-    async def _verdict_first(self, call: _Call[T]) -> ToolOutcome[T]:
+    async def _read_or_reserve(self, call: _Call[T]) -> ToolOutcome[T]:
+        """Steps 2 to 4 in one request: the reservation goes with the read of the key, and is
+        appended only if the key has no record (`CallProtocol.read_or_reserve`; one round trip
+        to a partition leader instead of two). A key with a record is replayed as if read
+        first; a replay that reserves again sends this same reservation, so a copy the leader
+        may have appended is applied once. Only under a non-recording call span: a recording
+        one gives the reservation its own phase's span, which a replay must not have."""
+        protocol, tool, who = self.protocol, call.tool, call.who
+        with call.traced.reserve() as phase:
+            reserved = self._reservation(call, phase)
+            try:
+                found = await protocol.read_or_reserve(reserved)
+            except NothingReserved as exc:
+                phase.unobserved()
+                raise exc.error from exc.error.__cause__  # a failed read: nothing to abandon
+            except LedgerUnavailable as exc:
+                raise not_attempted(tool.name, who.key, exc) from exc
+            if isinstance(found, CallRecord):
+                phase.unobserved()
+            else:
+                phase.verdict(found)
+        if isinstance(found, CallRecord):
+            record = await self.own_write(found)
+            known = await replay.replay_known(protocol, tool, call.prepared, who, record)
+            if known is not None:
+                return known
+            return await self._verdict_first(call, reserved)
+        return await self._reserved(call, reserved, found)
+
+    async def _verdict_first(
+        self, call: _Call[T], reserved: CallReserved | None = None
+    ) -> ToolOutcome[T]:
+        """Reserve and await the verdict, then run; `reserved`: the reservation to send (made
+        here if None)."""
         protocol, tool, who, traced = self.protocol, call.tool, call.who, call.traced
         with traced.reserve() as phase:
-            reserved = self._reservation(call, phase)
+            if reserved is None:
+                reserved = self._reservation(call, phase)
             try:
                 verdict = await protocol.reserve(reserved)
             except LedgerUnavailable as exc:
                 raise not_attempted(tool.name, who.key, exc) from exc
             phase.verdict(verdict)
+        return await self._reserved(call, reserved, verdict)
+
+    async def _reserved(
+        self, call: _Call[T], reserved: CallReserved, verdict: Verdict
+    ) -> ToolOutcome[T]:
+        """Go on from the verdict of `reserved`: run the tool if it was accepted."""
+        protocol, tool, who, traced = self.protocol, call.tool, call.who, call.traced
         self.runs.learn(verdict.run)
         if not verdict.accepted:
             return await replay.lost_reservation(

@@ -31,14 +31,33 @@ from datetime import datetime
 from typing import TYPE_CHECKING, TypedDict
 
 from toolledger.errors import LedgerUnavailable
-from toolledger.events.models import Event
+from toolledger.events.models import CallReserved, Event
 from toolledger.events.payloads import PayloadLimits
 from toolledger.events.records import CallRecord, CallStatus, RunRecord, Verdict
 
 if TYPE_CHECKING:
     from toolledger.runtime.executor import CallIdentity
 
-__all__ = ["CallQuery", "Envelope", "LedgerUnavailable", "RuntimePort", "envelope"]
+__all__ = [
+    "CallQuery",
+    "Envelope",
+    "LedgerUnavailable",
+    "NothingReserved",
+    "RuntimePort",
+    "envelope",
+]
+
+
+class NothingReserved(LedgerUnavailable):
+    """`read_or_reserve` could not read the key, so it appended nothing: a failed read, not a
+    failed reservation (there is nothing to abandon). `error` is the read's own error, which
+    the call raises in the end, as a read that failed by itself would."""
+
+    code = "nothing_reserved"
+
+    def __init__(self, error: LedgerUnavailable) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 @dataclass(frozen=True)
@@ -142,6 +161,23 @@ class RuntimePort(ABC):
     async def append_and_await(self, event: Event, timeout: float) -> Verdict:
         """Append `event` and return its verdict, both within `timeout` seconds in all. The
         verdict is registered for before the append, so none can be missed."""
+
+    async def read_or_reserve(self, reserved: CallReserved, timeout: float) -> CallRecord | Verdict:
+        """The key's record if the ledger has one, and nothing appended; else `reserved`
+        appended and its verdict, as `append_and_await` (within `timeout`) gives it.
+
+        This is the read of a new call's key and its reservation in one request, for an
+        adapter that can answer both in one round trip (a partition leader holds the key in
+        memory). Here, the two in turn. `NothingReserved` if the key could not be read; any
+        other `LedgerUnavailable` may have left `reserved` appended.
+        """
+        try:
+            record = await self.read_call(reserved.key)
+        except LedgerUnavailable as exc:
+            raise NothingReserved(exc) from exc
+        if record is not None:
+            return record
+        return await self.append_and_await(reserved, timeout)
 
     @abstractmethod
     async def await_verdict(self, event_id: uuid.UUID, timeout: float) -> Verdict:

@@ -8,7 +8,8 @@ step by step"); what differs between them is only how long each may wait, which 
    Reserving is two steps, `append_reservation()` (returns on Kafka's acknowledgement) and
    `await_reservation_verdict()`; `reserve()` does both in one round trip, the verdict
    registered for before the append (the verdict-first flow: no tool runs before an accepted
-   verdict). A step that fails (`LedgerUnavailable`) or whose caller is cancelled appends
+   verdict); `read_or_reserve()` is `reserve()` unless the key has a record, in one round trip
+   where the port can. A step that fails (`LedgerUnavailable`) or whose caller is cancelled appends
    `abandoned` in the background, *until it lands*, and raises: a reservation accepted later is
    then settled failed, not attempted, instead of `started` with nobody running it.
 2. **Execute** the tool (`toolledger.runtime.executor`); a caller cancelled mid-tool still gets
@@ -44,9 +45,9 @@ from toolledger.errors import seconds
 from toolledger.events.log import RecordTooLarge
 from toolledger.events.models import CallAbandoned, CallEvent, CallReserved
 from toolledger.events.payloads import PayloadError
-from toolledger.events.records import Verdict
+from toolledger.events.records import CallRecord, Verdict
 from toolledger.runtime.executor import Attempted, CallIdentity, execute
-from toolledger.runtime.port import LedgerUnavailable, RuntimePort, envelope
+from toolledger.runtime.port import LedgerUnavailable, NothingReserved, RuntimePort, envelope
 from toolledger.runtime.recording import (
     BackgroundAppends,
     Outcome,
@@ -179,6 +180,18 @@ class CallProtocol:
         timeout. `LedgerUnavailable`: nothing may run; the reservation is being abandoned."""
         try:
             return await self.port.append_and_await(reserved, self.policy.verdict_timeout)
+        except (asyncio.CancelledError, LedgerUnavailable):
+            self.abandon(reserved)
+            raise
+
+    async def read_or_reserve(self, reserved: CallReserved) -> CallRecord | Verdict:
+        """The key's record if it has one (nothing appended), else `reserve(reserved)`: a new
+        call's read and reservation in one round trip where the port can
+        (`RuntimePort.read_or_reserve`). A failed read (`NothingReserved`) abandons nothing."""
+        try:
+            return await self.port.read_or_reserve(reserved, self.policy.verdict_timeout)
+        except NothingReserved:
+            raise
         except (asyncio.CancelledError, LedgerUnavailable):
             self.abandon(reserved)
             raise

@@ -86,7 +86,16 @@ def _of_tool(tool: str, effect: str) -> _PerTool:
 class Phase:
     """One phase of a call: timed always, a child span only under a recording call span."""
 
-    __slots__ = ("_call", "_histogram", "_name", "_parent", "_started", "_token", "span")
+    __slots__ = (
+        "_call",
+        "_histogram",
+        "_name",
+        "_observed",
+        "_parent",
+        "_started",
+        "_token",
+        "span",
+    )
 
     def __init__(self, histogram: Any, name: str, call: Span) -> None:
         self._histogram = histogram
@@ -95,6 +104,7 @@ class Phase:
         self._parent = call if call.is_recording() else None
         self.span: Span | None = None
         self._token: object = None
+        self._observed = True
 
     def __enter__(self) -> Phase:
         if self._parent is not None:
@@ -107,12 +117,20 @@ class Phase:
     def __exit__(
         self, _t: type[BaseException] | None, exc: BaseException | None, _tb: TracebackType | None
     ) -> None:
-        self._histogram.observe(time.perf_counter() - self._started)
+        if self._observed:
+            self._histogram.observe(time.perf_counter() - self._started)
         if self.span is not None:
             otel_context.detach(self._token)  # type: ignore[arg-type]
             if exc is not None:
                 _failed(self.span, exc)
             self.span.end()
+
+    def unobserved(self) -> None:
+        """This phase turned out not to be one (a reservation that found its key recorded
+        and appended nothing): its time is not observed. Only under a non-recording call span,
+        which is the only place a pipeline asks it (`CallPipeline`)."""
+        assert self.span is None, "a recording phase's span cannot be taken back"
+        self._observed = False
 
     def trace_context(self) -> tuple[str | None, str | None]:
         """What a reservation appended in this phase carries: this span's context, or the
@@ -181,6 +199,11 @@ class CallTrace:
             if isinstance(exc, LedgerUnavailable):
                 span.set_attribute(names.NOT_ATTEMPTED, True)
         span.end()
+
+    @property
+    def recording(self) -> bool:
+        """Whether the call span records (an SDK is configured and samples it)."""
+        return self.span.is_recording()
 
     def reserve(self) -> Phase:
         """The verdict wait: build the reservation inside it (`Phase.trace_context`)."""
