@@ -8,6 +8,11 @@ design can avoid, each part measured in the same run, interleaved with the measu
   echo process (`_ECHO`, stdlib asyncio, the same framing) and its echo read back;
 - one acknowledged produce: `KafkaLog.append` of an event of the same size, acks=all.
 
+A whole serial call (`Ledger.call` of a no-op tool, a new key each time) is measured the same
+way against the floor of its two durable records: two round trips and two produces. Its
+reservation carries the read of its key (`read_or_reserve`), so a call is two requests to the
+leader; before that it was three.
+
 The figure is the median over repetitions of each repetition's p50 (and p99), as the other
 benchmarks report theirs. A rejected reservation, or one the leader did not answer (the direct
 path took it), stops the benchmark: it would have measured something else.
@@ -24,8 +29,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from benchmarks._runtime import noop
 from benchmarks._support import Row, Scratch, median, percentile, say, start_process, stop_process
 from benchmarks.verdict_latency import reservation
+from toolledger import Ledger
 from toolledger.events.codec import encode
 from toolledger.events.kafka import KafkaLog
 from toolledger.leader.frames import Kind, encode_frame, read_frame
@@ -36,6 +43,8 @@ from toolledger.wiring.stack_port import StackPort
 
 PARTITIONS = 2
 WARMUP = 50
+#: Requests a new call makes of the leader: the reservation (with the key's read), the outcome.
+CALL_REQUESTS = 2
 STARTUP_TIMEOUT = 60.0
 
 #: An echo process: answers every frame with the same bytes (prints its port first).
@@ -58,6 +67,7 @@ class _Samples:
     round_trip: list[float] = field(default_factory=list)
     produce: list[float] = field(default_factory=list)
     verdict: list[float] = field(default_factory=list)
+    call: list[float] = field(default_factory=list)
 
 
 async def measure(scratch: Scratch, *, samples: int, repeat: int) -> list[Row]:
@@ -80,6 +90,7 @@ async def measure(scratch: Scratch, *, samples: int, repeat: int) -> list[Row]:
         sys.executable, "-c", _ECHO, stdout=asyncio.subprocess.PIPE, start_new_session=True
     )
     counter = iter(range(10**9))
+    ledger = Ledger(port, verdict_timeout=10)
     try:
         assert echo.stdout is not None
         echo_port = int((await asyncio.wait_for(echo.stdout.readline(), 30)).decode())
@@ -88,6 +99,7 @@ async def measure(scratch: Scratch, *, samples: int, repeat: int) -> list[Row]:
         await _leaders_up(port)
         for _ in range(WARMUP):
             await _reserve(port, next(counter))
+            await _call(ledger, port, next(counter))
         per_rep: list[_Samples] = []
         for rep in range(repeat):
             s = _Samples()
@@ -103,17 +115,20 @@ async def measure(scratch: Scratch, *, samples: int, repeat: int) -> list[Row]:
                 await floor_log.append(f"lat{n:07d}", data)
                 s.produce.append(time.perf_counter() - started)
                 s.verdict.append(await _reserve(port, next(counter)))
+                s.call.append(await _call(ledger, port, next(counter)))
             per_rep.append(s)
             p50 = percentile(s.verdict, 50) * 1000
-            say(f"  leader verdict {rep + 1}/{repeat}: p50 {p50:.2f} ms")
+            call = percentile(s.call, 50) * 1000
+            say(f"  leader verdict {rep + 1}/{repeat}: p50 {p50:.2f} ms, serial call {call:.2f} ms")
         writer.close()
     finally:
         with contextlib.suppress(ProcessLookupError):
             echo.kill()
         await echo.wait()
+        await ledger.close()
+        await port.close()  # settles what the leader answered: before its projector stops
         await stop_process(projector)
         await floor_log.close()
-        await port.close()
         await stack.close()
         shutil.rmtree(home, ignore_errors=True)
     return _rows(per_rep, samples)
@@ -137,6 +152,21 @@ async def _reserve(port: LeaderPort, n: int) -> float:
     took = time.perf_counter() - started
     if not verdict.accepted or port.stats["leader"] != before + 1:
         raise RuntimeError(f"{event.key}: not an accepted verdict from the leader ({verdict})")
+    return took
+
+
+async def _call(ledger: Ledger, port: LeaderPort, n: int) -> float:
+    """One serial call's seconds to its answer; its reservation and outcome answered by the
+    leader, in `CALL_REQUESTS` requests in all."""
+    before = port.stats["leader"], port.sent.total()
+    started = time.perf_counter()
+    outcome = await ledger.call(
+        noop, run_id=f"call{n:07d}", tool_call_id="c", tenant_id="acme", arguments={"n": n}
+    )
+    took = time.perf_counter() - started
+    after = port.stats["leader"], port.sent.total()
+    if outcome.status != "completed" or after != (before[0] + 2, before[1] + CALL_REQUESTS):
+        raise RuntimeError(f"call {n}: not completed by the leader alone ({port.stats})")
     return took
 
 
@@ -165,4 +195,15 @@ def _rows(per_rep: list[_Samples], samples: int) -> list[Row]:
             note,
         ),
         Row(name, "p99", median([p(s.verdict, 99) for s in per_rep]), "ms", floor, "floor"),
+        Row(
+            "serial call (leader)",
+            "p50",
+            median([p(s.call, 50) for s in per_rep]),
+            "ms",
+            2 * floor,
+            "floor",
+            "",
+            f"Ledger.call of a no-op tool, {CALL_REQUESTS} leader requests; floor = 2 x "
+            "(round trip + produce): its two durable records",
+        ),
     ]

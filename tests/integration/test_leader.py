@@ -292,12 +292,14 @@ async def test_a_new_calls_read_and_reservation_are_one_request_and_a_replay_app
             issue_credit, tenant_id="acme", arguments=ARGS, run_id="r-one", tool_call_id="c1"
         )
         assert first.status == "completed" and port.stats == {"leader": 2, "direct": 0}
+        assert port.sent == {"RESERVE": 1, "APPEND": 1}
         ends = await stack.events.end_offsets()
         again = await ledger.call(
             issue_credit, tenant_id="acme", arguments=ARGS, run_id="r-one", tool_call_id="c1"
         )
         assert again.replayed and again.value == first.value
         assert port.stats == {"leader": 3, "direct": 0}
+        assert port.sent == {"RESERVE": 2, "APPEND": 1}
         assert await stack.events.end_offsets() == ends, "the replay appended something"
         await ledger.close()
         await port.settled()  # what the leader answered, committed

@@ -42,6 +42,7 @@ import json
 import logging
 import time
 import uuid
+from collections import Counter
 from collections.abc import Collection
 
 from toolledger.events.codec import encode
@@ -89,6 +90,8 @@ class LeaderPort(RuntimePort):
         self._unsettled: dict[int, uuid.UUID] = {}
         #: Requests the leader answered, and those that took the direct path instead.
         self.stats = {"leader": 0, "direct": 0}
+        #: Requests sent to leaders, by kind (`APPEND`, `READ`, `RESERVE`), answered or not.
+        self.sent: Counter[str] = Counter()
 
     @property
     def stack(self) -> LedgerStack:
@@ -140,6 +143,7 @@ class LeaderPort(RuntimePort):
         connection = await self.directory.connection(partition)
         if connection is None:
             return None
+        self.sent[kind.name] += 1
         try:
             async with asyncio.timeout(max(min(self.bound, within), 0.001)):
                 frame = await connection.request(kind, body)
