@@ -57,6 +57,10 @@ class Forwarding(ForwardingPort):
         self.asked.append("read_or_reserve")
         return await RuntimePort.read_or_reserve(self, reserved, timeout)  # notes both steps
 
+    async def read_or_append(self, reserved: CallReserved, timeout: float) -> CallRecord | None:
+        self.asked.append("read_or_append")
+        return await RuntimePort.read_or_append(self, reserved, timeout)  # notes both steps
+
     async def await_verdict(self, event_id: uuid.UUID, timeout: float) -> Verdict:
         self.asked.append("await_verdict")
         return await super().await_verdict(event_id, timeout)

@@ -8,6 +8,7 @@ which stays the only truth. Named for the failure each guards against.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import signal
 import struct
@@ -245,8 +246,9 @@ async def test_a_pipelined_call_runs_on_the_leaders_answers_while_no_commit_land
     isolated: Isolated, tmp_path: Path
 ) -> None:
     """A pipelined call must run on the leader's acknowledgement and verdicts alone: with every
-    projector commit held it still completes, one credit made; and once the commits land, the
-    ledger records the same completed call (the answers were the log's)."""
+    projector commit held it still completes, one credit made, its key read with its
+    reservation (one request); and once the commits land, the ledger records the same
+    completed calls (the answers were the log's)."""
     settings = _settings(isolated)
     service = use_service(FakeBilling(tmp_path / "billing.db"))
     async with running_stack(settings) as stack, _runtime(stack, settings) as port:
@@ -264,11 +266,21 @@ async def test_a_pipelined_call_runs_on_the_leaders_answers_while_no_commit_land
         )
         assert outcome.status == "completed" and await stack.store.get_call("r-pipe:c1") is None
         assert port.stats == {"leader": 2, "direct": 0}
-        released.set()
-        record = await until(
-            lambda: _completed(stack, "r-pipe:c1"), timeout=30, what="the committed call"
+        # The run is bound now, so the next call is pipelined, its key's read with it.
+        second = await ledger.call(
+            credit, run_id="r-pipe", tool_call_id="c2", tenant_id="acme", arguments=ARGS
         )
-        assert record.version == 2 and service.effects() == 1
+        assert second.status == "completed" and await stack.store.get_call("r-pipe:c2") is None
+        # c1: its key read, its reservation (verdict first: the run was bound to nobody yet),
+        # its outcome; c2: its reservation carrying the read of its key, its outcome.
+        assert port.sent == {"READ": 1, "RESERVE": 1, "APPEND": 3}
+        released.set()
+        for key in ("r-pipe:c1", "r-pipe:c2"):
+            record = await until(
+                functools.partial(_completed, stack, key), timeout=30, what="the committed call"
+            )
+            assert record.version == 2
+        assert service.effects() == 2
         await ledger.close()
 
 

@@ -179,5 +179,11 @@ class DrillPort(ForwardingPort):
             self.kill_points.reach("reserved", reserved.key)
         return found
 
+    async def read_or_append(self, reserved: CallReserved, timeout: float) -> CallRecord | None:
+        found = await super().read_or_append(reserved, timeout)
+        if found is None:  # appended: a producer's retry may append it again
+            await self._duplicate(reserved)
+        return found
+
     async def await_verdict(self, event_id: uuid.UUID, timeout: float) -> Verdict:
         return await self._heard(super().await_verdict(event_id, timeout))

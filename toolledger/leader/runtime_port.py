@@ -190,27 +190,51 @@ class LeaderPort(RuntimePort):
     async def append_and_await(self, event: Event, timeout: float) -> Verdict:
         started = time.monotonic()
         frame = await self._via_leader(event, timeout)
-        left = max(timeout - (time.monotonic() - started), 0.001)
         if frame is None:
-            return await self.direct.append_and_await(event, left)
-        return await self._verdict(event, frame, left)
+            return await self.direct.append_and_await(event, _left(timeout, started))
+        return await self._verdict(event, frame, _left(timeout, started))
 
     async def read_or_reserve(self, reserved: CallReserved, timeout: float) -> CallRecord | Verdict:
-        """One `RESERVE` to the leader: the key's record, or the reservation's verdict.
-
-        On the direct path the key is read, then reserved unless it has a record. After a
-        leader that failed the reservation may have been appended anyway, so a record of this
-        very reservation is that append landing: it is resent (same event_id, applied once)
-        for its verdict, and a read that fails then is a failed reservation (abandon it), not
-        `NothingReserved`.
-        """
+        """One `RESERVE` to the leader: the key's record, or the reservation's verdict (on
+        the direct path, `_direct_record` and then the reservation appended and awaited)."""
         started = time.monotonic()
         frame = await self._via_leader(reserved, timeout, Kind.RESERVE)
-        left = max(timeout - (time.monotonic() - started), 0.001)
         if frame is not None and frame.kind is Kind.RECORD:
             return await self.direct.restored_call(CallRecord.model_validate_json(frame.body))
         if frame is not None and frame.kind is not Kind.NOT_KNOWN:
-            return await self._verdict(reserved, frame, left)
+            return await self._verdict(reserved, frame, _left(timeout, started))
+        record = await self._direct_record(reserved, frame)
+        if record is not None:
+            return record
+        return await self.direct.append_and_await(reserved, _left(timeout, started))
+
+    async def read_or_append(self, reserved: CallReserved, timeout: float) -> CallRecord | None:
+        """One `RESERVE` to the leader, for a pipelined call: the key's record, or None once
+        the reservation was appended (its verdict kept if watched, as `append` keeps it)."""
+        started = time.monotonic()
+        frame = await self._via_leader(reserved, timeout, Kind.RESERVE)
+        if frame is not None and frame.kind is Kind.RECORD:
+            return await self.direct.restored_call(CallRecord.model_validate_json(frame.body))
+        if frame is not None and frame.kind is not Kind.NOT_KNOWN:
+            self._keep(reserved, frame)
+            return None
+        record = await self._direct_record(reserved, frame)
+        if record is not None:
+            return record
+        await self.direct.append(reserved, _left(timeout, started))
+        return None
+
+    async def _direct_record(
+        self, reserved: CallReserved, frame: Frame | None
+    ) -> CallRecord | None:
+        """The key's record on the direct path, once the leader did not serve a `RESERVE`;
+        None for no record, or for a record of this very reservation.
+
+        After a leader that failed (`frame` None) the reservation may have been appended
+        anyway, so a record carrying it is that append landing, not another driver's: the
+        caller resends it (same event_id, applied once). A read that fails then is a failed
+        reservation (abandon it); after `NOT_KNOWN` nothing was appended (`NothingReserved`).
+        """
         try:
             await self.settled(self._settling(reserved.run_id))
             record = await self.direct.read_call(reserved.key)
@@ -218,19 +242,22 @@ class LeaderPort(RuntimePort):
             if frame is None:
                 raise
             raise NothingReserved(exc) from exc
-        if record is not None and record.reservation_id != reserved.reservation_id:
-            return record
-        left = max(timeout - (time.monotonic() - started), 0.001)
-        return await self.direct.append_and_await(reserved, left)
+        if record is not None and record.reservation_id == reserved.reservation_id:
+            return None
+        return record
+
+    def _keep(self, event: Event, frame: Frame) -> None:
+        """Keep a leader's verdict on a watched event for the `await_verdict` to come."""
+        if frame.kind is Kind.VERDICT and event.event_id in self._watched:
+            self._answered[event.event_id] = Verdict.model_validate_json(frame.body)
 
     async def append(self, event: Event, timeout: float) -> None:
         started = time.monotonic()
         frame = await self._via_leader(event, timeout)
         if frame is None:
-            left = max(timeout - (time.monotonic() - started), 0.001)
-            await self.direct.append(event, left)
-        elif frame.kind is Kind.VERDICT and event.event_id in self._watched:
-            self._answered[event.event_id] = Verdict.model_validate_json(frame.body)
+            await self.direct.append(event, _left(timeout, started))
+        else:
+            self._keep(event, frame)
 
     async def append_until_landed(self, event: Event, *, each: float, pause: float) -> None:
         if await self._via_leader(event, each) is None:
@@ -284,3 +311,8 @@ class LeaderPort(RuntimePort):
 
     async def restored_call(self, record: CallRecord) -> CallRecord:
         return await self.direct.restored_call(record)
+
+
+def _left(timeout: float, started: float) -> float:
+    """What is left of `timeout` seconds since `started` (monotonic), never quite nothing."""
+    return max(timeout - (time.monotonic() - started), 0.001)

@@ -56,6 +56,9 @@ class ForwardingPort(RuntimePort):
     async def read_or_reserve(self, reserved: CallReserved, timeout: float) -> CallRecord | Verdict:
         return await self.inner.read_or_reserve(reserved, timeout)
 
+    async def read_or_append(self, reserved: CallReserved, timeout: float) -> CallRecord | None:
+        return await self.inner.read_or_append(reserved, timeout)
+
     async def await_verdict(self, event_id: uuid.UUID, timeout: float) -> Verdict:
         return await self.inner.await_verdict(event_id, timeout)
 

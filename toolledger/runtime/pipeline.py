@@ -159,8 +159,11 @@ class CallPipeline:
         with CallTrace(tool.name, tool.effect.kind, who.run_id, who.tool_call_id, who.key) as tr:
             prepared = self._prepare(tool, who, arguments)
             call = _Call(tool, tr, prepared, who, run_version, warning, compensates)
-            if isinstance(record, _Unread) and not tool.effect.pipelined and not tr.recording:
-                return tr.outcome(await self._read_or_reserve(call))
+            if isinstance(record, _Unread) and not tr.recording:
+                if not tool.effect.pipelined:
+                    return tr.outcome(await self._read_or_reserve(call, pipelined=False))
+                if self.runs.known_bound(who):
+                    return tr.outcome(await self._read_or_reserve(call, pipelined=True))
             if isinstance(record, _Unread):
                 record = await self.read(who.key)
             if record is not None:
@@ -198,18 +201,24 @@ class CallPipeline:
             trace_context=phase.trace_context(),
         )
 
-    async def _read_or_reserve(self, call: _Call[T]) -> ToolOutcome[T]:
+    async def _read_or_reserve(self, call: _Call[T], *, pipelined: bool) -> ToolOutcome[T]:
         """Steps 2 to 4 in one request: the reservation goes with the read of the key, and is
-        appended only if the key has no record (`CallProtocol.read_or_reserve`; one round trip
-        to a partition leader instead of two). A key with a record is replayed as if read
-        first; a replay that reserves again sends this same reservation, so a copy the leader
-        may have appended is applied once. Only under a non-recording call span: a recording
-        one gives the reservation its own phase's span, which a replay must not have."""
+        appended only if the key has no record (`CallProtocol.read_or_reserve`, or for a
+        pipelined call, whose run is known bound to the caller, `read_or_append_reservation`;
+        one round trip to a partition leader instead of two). A key with a record is replayed
+        as if read first; a replay that reserves again sends this same reservation, so a copy
+        the leader may have appended is applied once. Only under a non-recording call span: a
+        recording one gives the reservation its own phase's span, which a replay must not
+        have."""
         protocol, tool, who = self.protocol, call.tool, call.who
+        found: CallRecord | Verdict | None
         with call.traced.reserve() as phase:
             reserved = self._reservation(call, phase)
             try:
-                found = await protocol.read_or_reserve(reserved)
+                if pipelined:
+                    found = await protocol.read_or_append_reservation(reserved)
+                else:
+                    found = await protocol.read_or_reserve(reserved)
             except NothingReserved as exc:
                 phase.unobserved()
                 raise exc.error from exc.error.__cause__  # a failed read: nothing to abandon
@@ -217,14 +226,18 @@ class CallPipeline:
                 raise not_attempted(tool.name, who.key, exc) from exc
             if isinstance(found, CallRecord):
                 phase.unobserved()
-            else:
+            elif found is not None:
                 phase.verdict(found)
         if isinstance(found, CallRecord):
             record = await self.own_write(found)
             known = await replay.replay_known(protocol, tool, call.prepared, who, record)
             if known is not None:
                 return known
+            if pipelined:
+                return await self._pipelined(call, reserved)
             return await self._verdict_first(call, reserved)
+        if found is None:
+            return await self._run_pipelined(call, reserved)
         return await self._reserved(call, reserved, found)
 
     async def _verdict_first(
@@ -260,14 +273,24 @@ class CallPipeline:
             landed = await protocol.record(who, reserved, ended)
             return await self._answer(tool, who, reserved, ended, landed)
 
-    async def _pipelined(self, call: _Call[T]) -> ToolOutcome[T]:
-        protocol, tool, who, traced = self.protocol, call.tool, call.who, call.traced
-        with traced.reserve() as phase:
-            reserved = self._reservation(call, phase)
+    async def _pipelined(
+        self, call: _Call[T], reserved: CallReserved | None = None
+    ) -> ToolOutcome[T]:
+        """Append the reservation (made here if None), then run on its acknowledgement."""
+        tool, who = call.tool, call.who
+        with call.traced.reserve() as phase:
+            if reserved is None:
+                reserved = self._reservation(call, phase)
             try:
-                await protocol.append_reservation(reserved, watch=True)
+                await self.protocol.append_reservation(reserved, watch=True)
             except LedgerUnavailable as exc:
                 raise not_attempted(tool.name, who.key, exc) from exc
+        return await self._run_pipelined(call, reserved)
+
+    async def _run_pipelined(self, call: _Call[T], reserved: CallReserved) -> ToolOutcome[T]:
+        """Run the tool of an acknowledged reservation whose verdict is watched, and answer
+        once that verdict and the outcome are in."""
+        protocol, tool, who, traced = self.protocol, call.tool, call.who, call.traced
         try:
             ended = await self._execute(call, reserved)
         except BaseException:

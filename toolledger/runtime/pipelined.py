@@ -123,6 +123,12 @@ class RunBindings:
     def get(self, run_id: str) -> RunFacts | None:
         return self._runs.get(run_id)
 
+    def known_bound(self, who: CallIdentity) -> bool:
+        """True if the run is known here bound to the caller's tenant and not quarantined:
+        `bound_to_caller` would say True without reading or raising."""
+        facts = self.get(who.run_id)
+        return facts is not None and facts.quarantine is None and facts.tenant_id == who.tenant_id
+
     async def bound_to_caller(self, port: RuntimePort, tool: str, who: CallIdentity) -> bool:
         """True if the run is bound to the caller's tenant; False if bound to nobody yet. A run
         known quarantined or bound to another tenant is refused here, before anything is sent."""

@@ -179,6 +179,19 @@ class RuntimePort(ABC):
             return record
         return await self.append_and_await(reserved, timeout)
 
+    async def read_or_append(self, reserved: CallReserved, timeout: float) -> CallRecord | None:
+        """`read_or_reserve` for a pipelined call: the key's record if it has one, and nothing
+        appended; else None once `reserved` was appended as `append` appends it (its verdict
+        watched for, if it was, and awaited later). The same errors as `read_or_reserve`."""
+        try:
+            record = await self.read_call(reserved.key)
+        except LedgerUnavailable as exc:
+            raise NothingReserved(exc) from exc
+        if record is not None:
+            return record
+        await self.append(reserved, timeout)
+        return None
+
     @abstractmethod
     async def await_verdict(self, event_id: uuid.UUID, timeout: float) -> Verdict:
         """The verdict of an event appended earlier, within `timeout` seconds."""

@@ -196,6 +196,24 @@ class CallProtocol:
             self.abandon(reserved)
             raise
 
+    async def read_or_append_reservation(self, reserved: CallReserved) -> CallRecord | None:
+        """`append_reservation(reserved, watch=True)` unless the key has a record: then that
+        record, nothing appended and nothing watched (`RuntimePort.read_or_append`). A failed
+        read (`NothingReserved`) abandons nothing."""
+        self.port.watch_verdict(reserved.event_id)
+        try:
+            found = await self.port.read_or_append(reserved, self.policy.verdict_timeout)
+        except NothingReserved:
+            self.unwatch(reserved)
+            raise
+        except (asyncio.CancelledError, LedgerUnavailable):
+            self.unwatch(reserved)
+            self.abandon(reserved)
+            raise
+        if found is not None:
+            self.unwatch(reserved)
+        return found
+
     async def append_reservation(self, reserved: CallReserved, *, watch: bool = False) -> None:
         """Append `reserved`, returning on Kafka's acknowledgement (its verdict not awaited).
 
