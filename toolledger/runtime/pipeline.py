@@ -9,9 +9,9 @@ them is a parameter, never a copy of the flow (docs/architecture.md, "The one ro
 2. **Read** the key's record once (the fast path), through read-your-writes: a `started`
    record this process already appended an outcome or abandon for is answered by that event's
    verdict. A caller that has read it already (the call-policy layer) hands the record in.
-   A verdict-first call that has not goes with its reservation (`read_or_reserve`): the port
-   appends it only if the key has no record, which a partition leader answers in one round
-   trip instead of two.
+   A call that has not goes with its reservation (`read_or_reserve`, or `read_or_append` for
+   a pipelined call of a run known bound to the caller): the port appends it only if the key
+   has no record, which a partition leader answers in one round trip instead of two.
 3. **Replay** (`toolledger.runtime.replay`): a completed key returns its recorded result,
    another digest is a `KeyConflictError`, a `started` or `indeterminate` key asks the reconcile
    hook. The fast path may skip a call, never decide to run one.

@@ -171,10 +171,7 @@ class RuntimePort(ABC):
         memory). Here, the two in turn. `NothingReserved` if the key could not be read; any
         other `LedgerUnavailable` may have left `reserved` appended.
         """
-        try:
-            record = await self.read_call(reserved.key)
-        except LedgerUnavailable as exc:
-            raise NothingReserved(exc) from exc
+        record = await self._read_before_reserving(reserved)
         if record is not None:
             return record
         return await self.append_and_await(reserved, timeout)
@@ -183,14 +180,18 @@ class RuntimePort(ABC):
         """`read_or_reserve` for a pipelined call: the key's record if it has one, and nothing
         appended; else None once `reserved` was appended as `append` appends it (its verdict
         watched for, if it was, and awaited later). The same errors as `read_or_reserve`."""
-        try:
-            record = await self.read_call(reserved.key)
-        except LedgerUnavailable as exc:
-            raise NothingReserved(exc) from exc
+        record = await self._read_before_reserving(reserved)
         if record is not None:
             return record
         await self.append(reserved, timeout)
         return None
+
+    async def _read_before_reserving(self, reserved: CallReserved) -> CallRecord | None:
+        """The key's record; `NothingReserved` if it cannot be read."""
+        try:
+            return await self.read_call(reserved.key)
+        except LedgerUnavailable as exc:
+            raise NothingReserved(exc) from exc
 
     @abstractmethod
     async def await_verdict(self, event_id: uuid.UUID, timeout: float) -> Verdict:
