@@ -155,6 +155,14 @@ class Settings(BaseSettings):
         description="Projectors: host:port the partition leader listens on (port 0: any free "
         "one; the address is registered in PostgreSQL), or `off` to run no leader.",
     )
+    leader_commit_linger_ms: int = Field(
+        default=10,
+        ge=0,
+        le=100,
+        description="Projectors: how long a partition's fetched records wait for more before "
+        "they commit, while its leader is answering runtimes (who wait for no commit); 0: "
+        "every fetch commits at once. Foreign writers' verdicts wait up to this much longer.",
+    )
     leader_timeout_ms: int = Field(
         default=1000,
         gt=0,

@@ -173,6 +173,12 @@ class LeaderServer(PartitionFollower):
         if halted:
             state.supersede(f"partition {partition} is halted at offset {next_offset}")
 
+    def lingers(self, partition: int) -> bool:
+        """Commits may linger while runtimes are asking this leader for the partition: they
+        have their verdicts from memory and wait for no commit."""
+        appender = self._leading(partition)
+        return appender is not None and appender.in_use()
+
     def decoder(self, partition: int, decode: Decode) -> Decode:
         """The events this leader appended, for the bytes the projector fetches back."""
         appender = self._led.get(partition)

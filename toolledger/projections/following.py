@@ -50,6 +50,11 @@ class PartitionFollower(ABC):
     def released(self, partition: int) -> None:
         """This process no longer projects `partition` (dropped, conflict, lost a service)."""
 
+    def lingers(self, partition: int) -> bool:
+        """Whether the follower answers `partition` from memory now, so that its commits may
+        wait a little to carry more records (`Projector.linger`); no, by default."""
+        return False
+
     def decoder(self, partition: int, decode: Decode) -> Decode:
         """How the projector decodes `partition`'s next fetched records: `decode`, unless the
         follower already holds the events some of those bytes decode to."""

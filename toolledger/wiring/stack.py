@@ -192,6 +192,7 @@ class LedgerStack:
                 fetch_wait_ms=settings.fetch_wait_ms,
                 identity_interval=settings.identity_check_s,
                 follower=leader,
+                linger_ms=0 if leader is None else settings.leader_commit_linger_ms,
             )
         commands = LedgerCommands(events, waiter, store, settings.payload_limits())
         stack = cls(events, facts, dlq, store, waiter, commands, call_reads, projector)
