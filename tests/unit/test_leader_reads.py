@@ -14,6 +14,7 @@ import asyncio
 import pytest
 
 from tests import builders as b
+from toolledger.events.codec import encode
 from toolledger.events.memory import MemoryLog
 from toolledger.leader.appender import GapReader, PartitionAppender
 from toolledger.leader.frames import FrameWriter, Kind, encode_frame, read_frame
@@ -61,6 +62,32 @@ async def test_reads_waiting_together_share_one_statement() -> None:
     assert all(appender.state.knows_run(f"r{n}") for n in range(40))
     await appender.learn_call("r7:c1", "r7")  # known now: no statement at all
     assert len(db.statements) == 2
+
+
+async def test_a_reservation_read_with_its_key_is_appended_without_another_statement() -> None:
+    """A `RESERVE` asks, with its key and run, whether its event_id was decided before (a
+    resend); so its append needs nothing more from PostgreSQL: one statement per new call."""
+    db = Database()
+    db.gate.set()
+    log = MemoryLog("toolledger.events", partitions=1)
+    while (await log.append("r0", b"")).offset < START - 1:
+        pass  # the records memory starts after: folded (and committed) before
+    appender = PartitionAppender(
+        LeaderPartition(0, START, b.KEYS), log, db.load, GapReader(log, b.KEYS)
+    )
+    event = b.reserved("r1", "c1")
+    await appender.learn_call(event.key, event.run_id, event.event_id)
+    assert db.statements == [
+        Needs(frozenset({event.key}), frozenset({"r1"}), frozenset({event.event_id}))
+    ]
+    answer = await appender.submit(event, encode(event))
+    assert answer.kind is Kind.VERDICT and answer.verdict is not None and answer.verdict.accepted
+    assert len(db.statements) == 1
+
+    outcome = b.completed(event)  # an outcome's event_id is still asked, beside its produce
+    answer = await appender.submit(outcome, encode(outcome))
+    assert answer.kind is Kind.VERDICT and answer.verdict is not None and answer.verdict.accepted
+    assert [s.event_ids for s in db.statements[1:]] == [frozenset({outcome.event_id})]
 
 
 async def test_a_reader_given_up_on_does_not_cancel_the_others() -> None:

@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import uuid
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -66,10 +67,11 @@ class Answer:
 
 @dataclass
 class _Wanted:
-    """Keys and runs that reads are waiting for, loaded together in one statement."""
+    """Keys, runs and event_ids that reads are waiting for, loaded together in one statement."""
 
     keys: set[str]
     runs: set[str]
+    event_ids: set[uuid.UUID]
     loaded: asyncio.Future[None]
 
 
@@ -151,8 +153,10 @@ class PartitionAppender:
             self._flusher = asyncio.create_task(self._flush(), name="toolledger-leader-batch")
         return await request.answer
 
-    async def learn_call(self, key: str, run_id: str) -> None:
-        """Have memory know `key` and its run, reading PostgreSQL for them if it does not.
+    async def learn_call(self, key: str, run_id: str, event_id: uuid.UUID | None = None) -> None:
+        """Have memory know `key` and its run, reading PostgreSQL for them if it does not;
+        and, for a `RESERVE`, whether its `event_id` was decided before (a resend), which the
+        append would otherwise ask in a statement of its own.
 
         The reads waiting at one time are answered by one statement (and the calls that start
         while it runs by the next), so 64 calls reading their keys cost a leader one or two
@@ -166,9 +170,11 @@ class PartitionAppender:
         wanted = self._wanted
         if wanted is None:
             loaded = asyncio.get_running_loop().create_future()
-            wanted = self._wanted = _Wanted(set(), set(), loaded)
+            wanted = self._wanted = _Wanted(set(), set(), set(), loaded)
         wanted.keys.add(key)
         wanted.runs.add(run_id)
+        if event_id is not None:
+            wanted.event_ids.add(event_id)
         if self._loader is None or self._loader.done():
             self._loader = asyncio.create_task(self._load_wanted(), name="toolledger-leader-read")
         await asyncio.wait([wanted.loaded])  # one reader's cancellation cancels no one else's
@@ -181,6 +187,7 @@ class PartitionAppender:
             needs = Needs(
                 keys=frozenset(k for k in wanted.keys if not state.knows(k)),
                 runs=frozenset(r for r in wanted.runs if not state.knows_run(r)),
+                event_ids=frozenset(e for e in wanted.event_ids if not state.knows_event(e)),
             )
             try:
                 if needs:

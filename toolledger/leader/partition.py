@@ -120,9 +120,8 @@ class LeaderPartition:
                 runs.add(event.run_id)
             if event.tool_call_id is not None and event.key not in self._keys:
                 keys.add(event.key)
-            eid = event.event_id
-            if eid not in self._fold.verdicts and eid not in self._undecided:
-                event_ids.add(eid)
+            if not self.knows_event(event.event_id):
+                event_ids.add(event.event_id)
         return Needs(frozenset(keys), frozenset(runs), frozenset(event_ids))
 
     def learn(self, loaded: Loaded) -> None:
@@ -216,6 +215,10 @@ class LeaderPartition:
 
     def knows_run(self, run_id: str) -> bool:
         return run_id in self._runs
+
+    def knows_event(self, event_id: uuid.UUID) -> bool:
+        """Whether memory knows if `event_id` was decided (its verdict, or that it has none)."""
+        return event_id in self._fold.verdicts or event_id in self._undecided
 
     # -- commits ----------------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ import contextlib
 import json
 import logging
 import ssl
+import uuid
 from collections.abc import Coroutine, Sequence
 from typing import Any
 
@@ -306,7 +307,7 @@ class LeaderServer(PartitionFollower):
         appended meanwhile (by anyone) is simply folded first, and the decider rejects the
         later one, exactly as when a runtime reads and then reserves.
         """
-        found = await self._known(event.key, event.run_id)
+        found = await self._known(event.key, event.run_id, event.event_id)
         if isinstance(found, tuple):
             return found
         if found is not None:
@@ -314,9 +315,12 @@ class LeaderServer(PartitionFollower):
         answer = await self._append(event, data)
         return answer.kind, _body(answer)
 
-    async def _known(self, key: str, run_id: str) -> CallRecord | tuple[Kind, bytes] | None:
+    async def _known(
+        self, key: str, run_id: str, event_id: uuid.UUID | None = None
+    ) -> CallRecord | tuple[Kind, bytes] | None:
         """The key's record as memory holds it (None: no such call), learnt from PostgreSQL
-        if need be; or the answer when this leader cannot vouch for it."""
+        if need be (with whether `event_id` was decided, in the same statement); or the
+        answer when this leader cannot vouch for it."""
         partition = partition_for(run_id, self.partitions)
         appender = self._leading(partition)
         if appender is None:
@@ -325,7 +329,7 @@ class LeaderServer(PartitionFollower):
         state = appender.state
         try:
             state.check_current()
-            await appender.learn_call(key, run_id)
+            await appender.learn_call(key, run_id, event_id)
             state.check_current()
             record = state.call(key)
             known = state.knows(key)
