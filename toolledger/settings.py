@@ -159,9 +159,9 @@ class Settings(BaseSettings):
         default=10,
         ge=0,
         le=100,
-        description="Projectors: how long a partition's fetched records wait for more before "
-        "they commit, while its leader is answering runtimes (who wait for no commit); 0: "
-        "every fetch commits at once. Foreign writers' verdicts wait up to this much longer.",
+        description="Projectors: how long the records a partition's leader appended and "
+        "answered (their runtimes wait for no commit) wait for more before they commit; other "
+        "writers' records never wait; 0: every fetch commits at once.",
     )
     leader_timeout_ms: int = Field(
         default=1000,

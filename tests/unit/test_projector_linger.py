@@ -1,8 +1,9 @@
 """A projector's commits lingering while its follower answers a partition from memory.
 
-`Projector.linger`: records fetched for a partition whose follower `lingers` wait for more and
-commit together: when the oldest has waited `linger` seconds, when `batch_size` of them wait,
-or when the projector stops. Other partitions commit each fetch at once, as always. The
+`Projector.linger`: records fetched for a partition whose follower `lingers` over them wait
+for more and commit together: when the oldest has waited `linger` seconds, when `batch_size` of
+them wait, when a record nobody may keep waiting (a foreign writer's) arrives, or when the
+projector stops. Other partitions commit each fetch at once, as always. The
 in-memory log and ledger, a follower that only says which partitions linger.
 """
 
@@ -14,7 +15,7 @@ from collections.abc import Callable, Sequence
 from tests import builders as b
 from toolledger.events.codec import encode
 from toolledger.events.fold import DeadLetter, Positioned
-from toolledger.events.log import partition_for
+from toolledger.events.log import LogRecord, partition_for
 from toolledger.events.memory import MemoryBroker
 from toolledger.events.models import CallReserved
 from toolledger.projections.following import PartitionFollower
@@ -30,6 +31,8 @@ class _Lingering(PartitionFollower):
 
     def __init__(self, partitions: set[int]) -> None:
         self.partitions = partitions
+        #: Records a foreign writer appended (awaited by it: never held).
+        self.foreign: set[bytes] = set()
         self.commits: list[tuple[int, int]] = []
 
     async def took(self, partition: int, next_offset: int) -> None:
@@ -50,8 +53,8 @@ class _Lingering(PartitionFollower):
     def released(self, partition: int) -> None:
         pass
 
-    def lingers(self, partition: int) -> bool:
-        return partition in self.partitions
+    def lingers(self, partition: int, records: Sequence[LogRecord]) -> bool:
+        return partition in self.partitions and not any(r.value in self.foreign for r in records)
 
 
 def _runs_in(partition: int, count: int) -> list[str]:
@@ -89,10 +92,15 @@ class _Setup:
         self.running = asyncio.create_task(self.projector.run())
         await _until(lambda: len(self.projector.owned) == PARTITIONS, "ownership")
 
-    async def append(self, partition: int, count: int) -> list[CallReserved]:
-        events = [b.reserved(run, "c1") for run in _runs_in(partition, count)]
+    async def append(
+        self, partition: int, count: int, *, foreign: bool = False, call: str = "c1"
+    ) -> list[CallReserved]:
+        events = [b.reserved(run, call) for run in _runs_in(partition, count)]
         for event in events:
-            await self.events.append(event.run_id, encode(event))
+            data = encode(event)
+            if foreign:
+                self.follower.foreign.add(data)
+            await self.events.append(event.run_id, data)
         return events
 
     async def stop(self) -> None:
@@ -144,6 +152,22 @@ async def test_a_stopping_projector_commits_what_it_holds() -> None:
     assert (await setup.store.partition_state(0)) is not None
     verdicts = await setup.store.verdicts([r.event_id for r in reserved])
     assert len(verdicts) == 2
+
+
+async def test_a_foreign_record_commits_at_once_with_what_is_held_before_it() -> None:
+    """A record the follower did not answer (the API's, a direct-path runtime's) has a writer
+    awaiting its committed verdict: it does not wait, and neither do the records before it."""
+    setup = _Setup(linger_ms=60_000)
+    await setup.start()
+    try:
+        await setup.append(0, 2)
+        await _until(lambda: setup.projector.held == {0: 2}, "two records held")
+        await setup.append(0, 1, foreign=True, call="c2")
+        await _until(lambda: setup.projector.stats.applied == 3, "the foreign record's commit")
+        assert setup.follower.commits == [(0, 4)]  # one commit, in offset order
+        assert setup.projector.held == {}
+    finally:
+        await setup.stop()
 
 
 async def test_without_linger_every_fetch_commits_at_once() -> None:

@@ -28,7 +28,7 @@ from typing import Any
 
 from toolledger.events.codec import DecodeError, decode
 from toolledger.events.fold import DeadLetter, Positioned
-from toolledger.events.log import EventLog, partition_for
+from toolledger.events.log import EventLog, LogRecord, partition_for
 from toolledger.events.models import (
     CallAbandoned,
     CallCompleted,
@@ -174,11 +174,15 @@ class LeaderServer(PartitionFollower):
         if halted:
             state.supersede(f"partition {partition} is halted at offset {next_offset}")
 
-    def lingers(self, partition: int) -> bool:
-        """Commits may linger while runtimes are asking this leader for the partition: they
-        have their verdicts from memory and wait for no commit."""
+    def lingers(self, partition: int, records: Sequence[LogRecord]) -> bool:
+        """Records this leader appended and answered may linger before they commit: their
+        runtimes have their verdicts from memory and wait for no commit. A foreign record (the
+        API's, a runtime's on the direct path) is awaited by its writer: it commits at once."""
         appender = self._leading(partition)
-        return appender is not None and appender.in_use()
+        if appender is None or not appender.in_use():
+            return False
+        appended = appender.appended
+        return all(record.value in appended for record in records)
 
     def decoder(self, partition: int, decode: Decode) -> Decode:
         """The events this leader appended, for the bytes the projector fetches back."""

@@ -18,6 +18,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 
 from toolledger.events.fold import DeadLetter, Positioned
+from toolledger.events.log import LogRecord
 from toolledger.events.models import Event
 
 Decode = Callable[[bytes], Event]
@@ -50,9 +51,10 @@ class PartitionFollower(ABC):
     def released(self, partition: int) -> None:
         """This process no longer projects `partition` (dropped, conflict, lost a service)."""
 
-    def lingers(self, partition: int) -> bool:
-        """Whether the follower answers `partition` from memory now, so that its commits may
-        wait a little to carry more records (`Projector.linger`); no, by default."""
+    def lingers(self, partition: int, records: Sequence[LogRecord]) -> bool:
+        """Whether `partition`'s fetched `records` may wait a little to commit with the ones
+        after them (`Projector.linger`): the follower answered them from memory, so nobody
+        waits for their commit. No, by default."""
         return False
 
     def decoder(self, partition: int, decode: Decode) -> Decode:

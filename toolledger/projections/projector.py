@@ -336,24 +336,27 @@ class Projector:
     async def _take(self, partition: int, records: list[LogRecord]) -> int:
         """Apply fetched records now, or hold them for the partition's next commit.
 
-        While the follower answers a partition from memory (the leader fast path), nobody
-        waits for its commits except foreign writers' verdicts, so a commit may wait `linger`
-        seconds for the records after it: in serial work a whole call then commits in one
-        transaction, with one publication of facts, instead of one per record.
+        Records the follower answered from memory (the leader fast path) have nobody waiting
+        for their commit, so it may wait `linger` seconds for the records after them: in serial
+        work a whole call then commits in one transaction, with one publication of facts,
+        instead of one per record. Records someone else appended (a foreign writer, who awaits
+        the committed verdict) commit at once, with whatever is held before them.
         """
         held = self._held.get(partition)
+        lingers = self._lingers(partition, records)
         if held is None:
-            if not self._lingers(partition):
+            if not lingers:
                 return await self._apply(partition, records)
             held = _Held(self._owned[partition], time.monotonic() + self.linger)
             self._held[partition] = held
         held.records.extend(records)
-        if len(held.records) >= self.batch_size:
+        if not lingers or len(held.records) >= self.batch_size:
             return await self._commit_held((partition,))
         return 0
 
-    def _lingers(self, partition: int) -> bool:
-        return self.linger > 0 and self.follower is not None and self.follower.lingers(partition)
+    def _lingers(self, partition: int, records: list[LogRecord]) -> bool:
+        follower = self.follower
+        return self.linger > 0 and follower is not None and follower.lingers(partition, records)
 
     async def _commit_held(self, partitions: Collection[int] | None = None) -> int:
         """Apply the held records of `partitions` (all if None). Records held from an offset
