@@ -228,5 +228,11 @@ async def test_the_resumer_resumes_a_paused_framework_run_in_its_own_process(
     assert credit is not None and credit.credit_id in line["step"]["answer"]
     assert not any(t in told for told in line["heard"] for t in ERROR_TEXTS), line["heard"]
     assert (workers.billing.requests(), workers.billing.effects()) == (1, 1)
-    run = await stack.store.get_run("t1")
-    assert run is not None and (run.status, run.waiting_on) == ("running", None)
+
+    # The resumer heard its run event's verdict from the leader's memory; this process reads
+    # PostgreSQL, which holds it once the projection commits (a linger later at most).
+    async def running_again() -> bool:
+        run = await stack.store.get_run("t1")
+        return run is not None and (run.status, run.waiting_on) == ("running", None)
+
+    await until(running_again, timeout=15, what="the projection to hold t1 running again")
