@@ -15,6 +15,7 @@ import pytest
 
 from tests import builders as b
 from toolledger.events.codec import encode
+from toolledger.events.lifecycle import new_run
 from toolledger.events.memory import MemoryLog
 from toolledger.leader.appender import GapReader, PartitionAppender
 from toolledger.leader.frames import FrameWriter, Kind, encode_frame, read_frame
@@ -88,6 +89,46 @@ async def test_a_reservation_read_with_its_key_is_appended_without_another_state
     answer = await appender.submit(outcome, encode(outcome))
     assert answer.kind is Kind.VERDICT and answer.verdict is not None and answer.verdict.accepted
     assert [s.event_ids for s in db.statements[1:]] == [frozenset({outcome.event_id})]
+
+
+async def test_a_fresh_runs_next_reservation_reads_nothing_before_its_append() -> None:
+    """A run PostgreSQL had no row for has no calls there: its later keys are known absent
+    without a statement, and only the new event_id is asked, beside the produce. A run that
+    had a row is not fresh: each key it has not seen is still read."""
+    db = Database()
+    db.gate.set()
+    log = MemoryLog("toolledger.events", partitions=1)
+    while (await log.append("r0", b"")).offset < START - 1:
+        pass
+    appender = PartitionAppender(
+        LeaderPartition(0, START, b.KEYS), log, db.load, GapReader(log, b.KEYS)
+    )
+    first = b.reserved("r1", "c1")
+    await appender.learn_call(first.key, first.run_id, first.event_id)
+    await appender.submit(first, encode(first))
+    assert len(db.statements) == 1
+    second = b.reserved("r1", "c2")
+    await appender.learn_call(second.key, second.run_id, second.event_id)
+    assert len(db.statements) == 1  # the key is known absent: nothing read before the append
+    assert appender.state.knows(second.key) and appender.state.call(second.key) is None
+    answer = await appender.submit(second, encode(second))
+    assert answer.kind is Kind.VERDICT and answer.verdict is not None and answer.verdict.accepted
+    assert db.statements[1:] == [Needs(event_ids=frozenset({second.event_id}))]
+
+    class Existing(Database):  # the run has a row: it had calls before this leader
+        async def load(self, partition: int, needs: Needs, generation: int) -> Loaded:
+            loaded = await super().load(partition, needs, generation)
+            run = new_run("r2", "acme", b.at(0))
+            return Loaded(loaded.stored, needs, runs={"r2": run}, generation=generation)
+
+    old = Existing()
+    old.gate.set()
+    appender = PartitionAppender(
+        LeaderPartition(0, START, b.KEYS), log, old.load, GapReader(log, b.KEYS)
+    )
+    await appender.learn_call("r2:c1", "r2")
+    await appender.learn_call("r2:c2", "r2")
+    assert [s.keys for s in old.statements] == [frozenset({"r2:c1"}), frozenset({"r2:c2"})]
 
 
 async def test_a_reader_given_up_on_does_not_cancel_the_others() -> None:

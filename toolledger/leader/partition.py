@@ -22,6 +22,12 @@ every order of them):
   `S` means another owner committed: the partition is `superseded` and answers nothing more,
   even though a zombie's folds stay correct, because its writes will fail the offset CAS and
   runtimes must go where the rows are being written.
+- **Fresh runs.** A run PostgreSQL has no row for (read that way, with provenance) has no
+  calls there either: every accepted event writes its run's row, a rejected one writes no call,
+  and rows are never deleted. Nothing in `[S, next)` named it, or memory would know the run. So
+  from then on memory knows every key of that run without asking: one it never folded does not
+  exist (`knows`). A new agent run's reservations therefore cost no read at all; only whether
+  their event_ids were decided before (a resend) is asked, beside the produce.
 """
 
 from __future__ import annotations
@@ -101,6 +107,8 @@ class LeaderPartition:
         self._fold = LedgerFold(keys=keys, with_history=False)
         self._keys: set[str] = set()
         self._runs: set[str] = set()
+        #: Runs PostgreSQL had no row for when memory learnt them (see "Fresh runs").
+        self._fresh: set[str] = set()
         self._undecided: set[uuid.UUID] = set()
 
     # -- what memory knows ------------------------------------------------------------------
@@ -118,7 +126,7 @@ class LeaderPartition:
             event = item.event
             if event.run_id not in self._runs:
                 runs.add(event.run_id)
-            if event.tool_call_id is not None and event.key not in self._keys:
+            if event.tool_call_id is not None and not self.knows(event.key):
                 keys.add(event.key)
             if not self.knows_event(event.event_id):
                 event_ids.add(event.event_id)
@@ -134,13 +142,17 @@ class LeaderPartition:
         if loaded.generation != self.generation:
             return
         fold = self._fold
-        for key in loaded.needs.keys - self._keys:
+        for key in loaded.needs.keys:
+            if self.knows(key):
+                continue
             if key in loaded.calls:
                 fold.calls[key] = loaded.calls[key]
             self._keys.add(key)
         for run_id in loaded.needs.runs - self._runs:
             if run_id in loaded.runs:
                 fold.runs[run_id] = loaded.runs[run_id]
+            else:
+                self._fresh.add(run_id)
             self._runs.add(run_id)
         for event_id in loaded.needs.event_ids:
             if event_id in loaded.decided:
@@ -211,7 +223,9 @@ class LeaderPartition:
         return self._fold.calls.get(key)
 
     def knows(self, key: str) -> bool:
-        return key in self._keys
+        """Whether memory holds `key`'s record, or knows it has none: learnt, or of a fresh
+        run (a run_id holds no ':', so the key's run is what comes before the first one)."""
+        return key in self._keys or key.split(":", 1)[0] in self._fresh
 
     def knows_run(self, run_id: str) -> bool:
         return run_id in self._runs
@@ -249,6 +263,7 @@ class LeaderPartition:
             self._fold = LedgerFold(keys=self._verify, with_history=False)
             self._keys.clear()
             self._runs.clear()
+            self._fresh.clear()
             self._undecided.clear()
             self._commits = {end}
             self.horizon = end
