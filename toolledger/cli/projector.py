@@ -26,6 +26,7 @@ from toolledger.cli.entry import configure_logging
 
 
 async def _run(status_every: float, health_host: str, health_port: int | None) -> None:
+    from toolledger.projections.gc_pause import SurvivorFreezer
     from toolledger.projections.health import ProjectorHealth, log_status
     from toolledger.projections.health_http import HealthServer
     from toolledger.settings import ProjectorSettings, load_settings
@@ -38,6 +39,7 @@ async def _run(status_every: float, health_host: str, health_port: int | None) -
     # Everything imported and connected so far lives as long as the process: keep it out of
     # every later collection (a library cannot decide this for its host; this command can).
     gc.freeze()
+    SurvivorFreezer().install()  # a leader's memory too, once it has outlived a collection
     projector = stack.projector
     assert projector is not None
     loop = asyncio.get_running_loop()

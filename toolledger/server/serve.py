@@ -37,6 +37,7 @@ from toolledger.api.closing import close_stack
 from toolledger.api.compensation import load_tools
 from toolledger.cli.entry import CommandFailed
 from toolledger.errors import ExitStatus
+from toolledger.projections.gc_pause import SurvivorFreezer
 from toolledger.projections.health import ProjectorHealth, log_status
 from toolledger.server.children import Children, exit_of
 from toolledger.settings import OperatorSettings, ProjectorSettings, Settings, load_settings
@@ -119,6 +120,7 @@ async def serve(options: ServerOptions) -> None:
     tasks: list[asyncio.Task[object]] = []
     try:
         gc.freeze()  # as `toolledger projector`: what lives as long as the process
+        SurvivorFreezer().install()
         for role, args in _child_args(options):
             await children.start(role, args)
         assert stack.projector is not None
