@@ -40,7 +40,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import asyncpg
 
@@ -371,6 +371,19 @@ class _Reads:
     assumed: Assumed = field(default_factory=Assumed)
 
 
+_T = TypeVar("_T")
+
+
+def _absent(wanted: set[_T], known: Mapping[_T, object]) -> list[_T]:
+    """The members of `wanted` that `known` has no entry for, in time linear in `wanted`.
+
+    Not `wanted - known.keys()`: a set minus a dict's key view walks the whole view (the
+    view's reflected difference iterates it), so a small batch against a partition's
+    thousands of known rows cost a projector a quarter of a millisecond per operand.
+    """
+    return [k for k in wanted if k not in known]
+
+
 @dataclass
 class _Known:
     """One partition's rows as this store wrote them, as of `next_offset`.
@@ -403,9 +416,9 @@ class _Known:
             event_ids & self.decided,
             heads,
             Assumed(
-                calls=sorted(keys - self.calls.keys()),
-                runs=sorted(run_ids - self.runs.keys()),
-                histories=sorted((keys | run_ids) - self.heads.keys()),
+                calls=sorted(_absent(keys, self.calls)),
+                runs=sorted(_absent(run_ids, self.runs)),
+                histories=sorted(_absent(keys | run_ids, self.heads)),
                 verdicts=sorted(event_ids - self.decided),
             ),
         )
@@ -413,9 +426,9 @@ class _Known:
     def read_all(self, items: Sequence[Positioned | DeadLetter], reads: _Reads) -> None:
         """`reads` was loaded for `items`: what it lacks is absent from the ledger."""
         keys, run_ids, _ = batch_reads(items)
-        self.calls.update(dict.fromkeys(keys - reads.calls.keys()))
-        self.runs.update(dict.fromkeys(run_ids - reads.runs.keys()))
-        self.heads.update(dict.fromkeys((keys | run_ids) - reads.heads.keys()))
+        self.calls.update(dict.fromkeys(_absent(keys, reads.calls)))
+        self.runs.update(dict.fromkeys(_absent(run_ids, reads.runs)))
+        self.heads.update(dict.fromkeys(_absent(keys | run_ids, reads.heads)))
 
     def learn(self, next_offset: int, reads: _Reads, outcome: BatchOutcome) -> None:
         """What the batch read and wrote, which is now the ledger's state of those rows."""
