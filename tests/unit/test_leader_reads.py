@@ -15,6 +15,7 @@ import pytest
 
 from tests import builders as b
 from toolledger.events.codec import encode
+from toolledger.events.fold import LedgerFold, Positioned
 from toolledger.events.lifecycle import new_run
 from toolledger.events.memory import MemoryLog
 from toolledger.leader.appender import GapReader, PartitionAppender
@@ -94,7 +95,8 @@ async def test_a_reservation_read_with_its_key_is_appended_without_another_state
 async def test_a_fresh_runs_next_reservation_reads_nothing_before_its_append() -> None:
     """A run PostgreSQL had no row for has no calls there: its later keys are known absent
     without a statement, and only the new event_id is asked, beside the produce. A run that
-    had a row is not fresh: each key it has not seen is still read."""
+    had a row and was not read whole (too many calls) still has each key it has not seen
+    read."""
     db = Database()
     db.gate.set()
     log = MemoryLog("toolledger.events", partitions=1)
@@ -115,7 +117,7 @@ async def test_a_fresh_runs_next_reservation_reads_nothing_before_its_append() -
     assert answer.kind is Kind.VERDICT and answer.verdict is not None and answer.verdict.accepted
     assert db.statements[1:] == [Needs(event_ids=frozenset({second.event_id}))]
 
-    class Existing(Database):  # the run has a row: it had calls before this leader
+    class Existing(Database):  # the run has a row, with more calls than a load takes
         async def load(self, partition: int, needs: Needs, generation: int) -> Loaded:
             loaded = await super().load(partition, needs, generation)
             run = new_run("r2", "acme", b.at(0))
@@ -129,6 +131,46 @@ async def test_a_fresh_runs_next_reservation_reads_nothing_before_its_append() -
     await appender.learn_call("r2:c1", "r2")
     await appender.learn_call("r2:c2", "r2")
     assert [s.keys for s in old.statements] == [frozenset({"r2:c1"}), frozenset({"r2:c2"})]
+
+
+async def test_a_run_read_whole_has_its_calls_known_and_its_new_keys_known_absent() -> None:
+    """A run with a row, read with every call it has (`Loaded.whole`): memory holds those
+    calls' records and knows any other key of the run does not exist, so a resumed run's
+    replays and its next new call cost no statement. A run not read whole is asked again."""
+    earlier = b.reserved("r3", "c1")
+    record = LedgerFold(keys=b.KEYS)
+    record.apply(Positioned(0, 0, earlier))
+
+    class Whole(Database):
+        async def load(self, partition: int, needs: Needs, generation: int) -> Loaded:
+            loaded = await super().load(partition, needs, generation)
+            runs = {r: record.runs[r] for r in needs.runs if r in record.runs}
+            return Loaded(
+                loaded.stored,
+                needs,
+                calls=dict(record.calls),
+                runs=runs,
+                generation=generation,
+                whole=frozenset(runs) - {"r4"},
+            )
+
+    db = Whole()
+    db.gate.set()
+    appender = _appender(db)
+    await appender.learn_call("r3:c2", "r3")
+    assert len(db.statements) == 1
+    state = appender.state
+    assert state.knows(earlier.key) and state.call(earlier.key) == record.calls[earlier.key]
+    await appender.learn_call(earlier.key, "r3")  # a replay of the earlier call
+    await appender.learn_call("r3:c9", "r3")  # a new call
+    assert len(db.statements) == 1
+    assert state.call("r3:c9") is None
+
+    record.apply(Positioned(0, 1, b.reserved("r4", "c1")))  # a run with a row, not read whole
+    await appender.learn_call("r4:c2", "r4")
+    await appender.learn_call("r4:c3", "r4")
+    assert [s.keys for s in db.statements[1:]] == [frozenset({"r4:c2"}), frozenset({"r4:c3"})]
+    assert not state.knows("r4:c1")  # loaded with the run, but not used: the run is not whole
 
 
 async def test_a_reader_given_up_on_does_not_cancel_the_others() -> None:

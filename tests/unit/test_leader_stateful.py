@@ -68,16 +68,22 @@ class LeaderMachine(RuleBasedStateMachine):
     def item(self, offset: int) -> Item:
         return Positioned(0, offset, self.log[offset - START])
 
-    def load(self, leader: LeaderPartition, needs: Needs) -> Loaded:
-        """What PostgreSQL answers: the rows at the stored offset, read with it."""
+    def load(self, leader: LeaderPartition, needs: Needs, *, whole_runs: bool = False) -> Loaded:
+        """What PostgreSQL answers: the rows at the stored offset, read with it; with
+        `whole_runs`, every call of each asked run that has a row (`Loaded.whole`)."""
         fold = self.fold_of(self.stored)
+        runs = {r: fold.runs[r] for r in needs.runs if r in fold.runs}
+        whole = frozenset(runs) if whole_runs else frozenset()
+        calls = {k: fold.calls[k] for k in needs.keys if k in fold.calls}
+        calls |= {k: c for k, c in fold.calls.items() if c.run_id in whole}
         return Loaded(
             stored=self.stored,
             needs=needs,
-            calls={k: fold.calls[k] for k in needs.keys if k in fold.calls},
-            runs={r: fold.runs[r] for r in needs.runs if r in fold.runs},
+            calls=calls,
+            runs=runs,
             decided={e: fold.verdicts[e] for e in needs.event_ids if e in fold.verdicts},
             generation=leader.generation,
+            whole=whole,
         )
 
     def fold_into(self, index: int, items: list[Item], end: int) -> bool:
@@ -196,13 +202,18 @@ class LeaderMachine(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def leader_reads(self, data: st.DataObject) -> None:
+        """A runtime's read of a key, with its run as `learn_call` asks it (the run read with
+        all its calls, or not: too many of them)."""
         index = data.draw(st.sampled_from(range(len(self.leaders))))
-        key = f"{data.draw(st.sampled_from(RUNS))}:{data.draw(st.sampled_from(CALLS))}"
+        run = data.draw(st.sampled_from(RUNS))
+        key = f"{run}:{data.draw(st.sampled_from(CALLS))}"
         leader = self.leaders[index]
         try:
             leader.check_current()
             if not leader.knows(key):
-                leader.learn(self.load(leader, Needs(keys=frozenset({key}))))
+                runs = frozenset() if leader.knows_run(run) else frozenset({run})
+                needs = Needs(keys=frozenset({key}), runs=runs)
+                leader.learn(self.load(leader, needs, whole_runs=data.draw(st.booleans())))
         except Behind:
             return
         except Superseded:
@@ -218,7 +229,7 @@ class LeaderMachine(RuleBasedStateMachine):
         runs = data.draw(st.frozensets(st.sampled_from(RUNS)))
         leader = self.leaders[index]
         needs = Needs(keys=keys - {k for k in keys if leader.knows(k)}, runs=runs)
-        self.loading.append((index, self.load(leader, needs)))
+        self.loading.append((index, self.load(leader, needs, whole_runs=data.draw(st.booleans()))))
 
     @precondition(lambda self: self.loading)
     @rule(data=st.data())

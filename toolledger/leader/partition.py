@@ -22,12 +22,14 @@ every order of them):
   `S` means another owner committed: the partition is `superseded` and answers nothing more,
   even though a zombie's folds stay correct, because its writes will fail the offset CAS and
   runtimes must go where the rows are being written.
-- **Fresh runs.** A run PostgreSQL has no row for (read that way, with provenance) has no
+- **Whole runs.** A run PostgreSQL has no row for (read that way, with provenance) has no
   calls there either: every accepted event writes its run's row, a rejected one writes no call,
-  and rows are never deleted. Nothing in `[S, next)` named it, or memory would know the run. So
-  from then on memory knows every key of that run without asking: one it never folded does not
-  exist (`knows`). A new agent run's reservations therefore cost no read at all; only whether
-  their event_ids were decided before (a resend) is asked, beside the produce.
+  and rows are never deleted. A run that has a row is read with all its calls when it has at
+  most `RUN_CALLS_LOADED` (`Loaded.whole`). Either way nothing in `[S, next)` named the run, or
+  memory would know it, so from then on memory knows every key of that run without asking: one
+  it never folded or loaded does not exist (`knows`). A new agent run's reservations, and a
+  resumed run's replays and new calls, therefore cost no read at all; only whether their
+  event_ids were decided before (a resend) is asked, beside the produce.
 """
 
 from __future__ import annotations
@@ -78,7 +80,8 @@ class Loaded:
     """The answer to `Needs`: rows read in one statement with the stored offset `stored`.
 
     `decided` holds the verdicts of the asked event_ids that were decided before (resends);
-    `generation` is the partition's generation when the read was asked (`LeaderPartition`).
+    `generation` is the partition's generation when the read was asked (`LeaderPartition`);
+    `whole` names the asked runs whose calls `calls` holds all of (see "Whole runs").
     """
 
     stored: int
@@ -87,6 +90,8 @@ class Loaded:
     runs: dict[str, RunRecord] = field(default_factory=dict)
     decided: dict[uuid.UUID, Verdict] = field(default_factory=dict)
     generation: int = 0
+    #: Asked runs that have a row and were read with every call they have (in `calls`).
+    whole: frozenset[str] = frozenset()
 
 
 class LeaderPartition:
@@ -107,8 +112,9 @@ class LeaderPartition:
         self._fold = LedgerFold(keys=keys, with_history=False)
         self._keys: set[str] = set()
         self._runs: set[str] = set()
-        #: Runs PostgreSQL had no row for when memory learnt them (see "Fresh runs").
-        self._fresh: set[str] = set()
+        #: Runs memory knows every call of: PostgreSQL had no row for them, or gave all their
+        #: calls with the row, when memory learnt them (see "Whole runs").
+        self._whole: set[str] = set()
         self._undecided: set[uuid.UUID] = set()
 
     # -- what memory knows ------------------------------------------------------------------
@@ -148,12 +154,21 @@ class LeaderPartition:
             if key in loaded.calls:
                 fold.calls[key] = loaded.calls[key]
             self._keys.add(key)
+        whole = set()
         for run_id in loaded.needs.runs - self._runs:
             if run_id in loaded.runs:
                 fold.runs[run_id] = loaded.runs[run_id]
+                if run_id in loaded.whole:
+                    whole.add(run_id)
             else:
-                self._fresh.add(run_id)
+                whole.add(run_id)
             self._runs.add(run_id)
+        if whole:
+            for key, call in loaded.calls.items():
+                if call.run_id in whole and not self.knows(key):
+                    fold.calls[key] = call
+                    self._keys.add(key)
+            self._whole |= whole
         for event_id in loaded.needs.event_ids:
             if event_id in loaded.decided:
                 fold.verdicts.setdefault(event_id, loaded.decided[event_id])
@@ -223,9 +238,9 @@ class LeaderPartition:
         return self._fold.calls.get(key)
 
     def knows(self, key: str) -> bool:
-        """Whether memory holds `key`'s record, or knows it has none: learnt, or of a fresh
+        """Whether memory holds `key`'s record, or knows it has none: learnt, or of a whole
         run (a run_id holds no ':', so the key's run is what comes before the first one)."""
-        return key in self._keys or key.split(":", 1)[0] in self._fresh
+        return key in self._keys or key.split(":", 1)[0] in self._whole
 
     def knows_run(self, run_id: str) -> bool:
         return run_id in self._runs
@@ -263,7 +278,7 @@ class LeaderPartition:
             self._fold = LedgerFold(keys=self._verify, with_history=False)
             self._keys.clear()
             self._runs.clear()
-            self._fresh.clear()
+            self._whole.clear()
             self._undecided.clear()
             self._commits = {end}
             self.horizon = end

@@ -15,18 +15,35 @@ took the partition at or committed since, so a zombie cannot point runtimes back
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 
 from toolledger.events.records import CallRecord, RunRecord, Verdict
 from toolledger.leader.partition import Loaded, Needs
-from toolledger.projections.batch_sql import CALL_TYPES, LOAD, RUN_TYPES, VERDICTS_BY_ID, loaded
+from toolledger.projections.batch_sql import (
+    CALL_TYPES,
+    LOAD,
+    RUN_TYPES,
+    VERDICTS_BY_ID,
+    call_columns,
+    loaded,
+)
 from toolledger.projections.postgres_reads import PostgresReads
 
+#: A run that has a row is read with its calls if it has at most this many: memory then knows
+#: every key of it ("Whole runs" in `toolledger.leader.partition`). One more is read to tell.
+RUN_CALLS_LOADED = 128
 _NULLS = ", ".join(f"NULL::{t}" for t in (*CALL_TYPES.values(), *RUN_TYPES.values()))
+_RUN_NULLS = ", ".join(f"NULL::{t}" for t in RUN_TYPES.values())
+_RUN_CALLS = 5
 #: `LOAD` (calls $1, runs $2, event_ids $3, no chain heads $4) plus, first, a kind-0 row whose
-#: last column is partition $5's stored next offset: one statement, one snapshot.
+#: last column is partition $5's stored next offset, and kind-5 rows: up to $6 calls of each
+#: run in $2 (by the `tool_executions_run` index). One statement, one snapshot.
 PROVENANCE = (
     f"SELECT 0 AS kind, {_NULLS}, NULL::uuid, next_offset::text "  # noqa: S608
-    f"FROM projection_offsets WHERE partition = $5 UNION ALL {LOAD}"
+    f"FROM projection_offsets WHERE partition = $5 UNION ALL {LOAD} "
+    f"UNION ALL SELECT {_RUN_CALLS}, {', '.join(f'c.{n}' for n in CALL_TYPES)}, {_RUN_NULLS}, "
+    "NULL::uuid, NULL FROM unnest($2::text[]) AS wanted(run_id) CROSS JOIN LATERAL "
+    "(SELECT * FROM tool_executions AS t WHERE t.run_id = wanted.run_id LIMIT $6) AS c"
 )
 REGISTER = (
     "UPDATE projection_offsets SET leader_address = $2 WHERE partition = $1 AND next_offset = $3 "
@@ -45,12 +62,22 @@ class LeaderReads(PostgresReads):
     async def load(self, partition: int, needs: Needs, generation: int) -> Loaded:
         """The rows `needs` names and the stored offset of `partition`, read together."""
         rows = await self._fetch(
-            PROVENANCE, list(needs.keys), list(needs.runs), list(needs.event_ids), [], partition
+            PROVENANCE,
+            list(needs.keys),
+            list(needs.runs),
+            list(needs.event_ids),
+            [],
+            partition,
+            RUN_CALLS_LOADED + 1,
         )
         stored = [int(row[-1]) for row in rows if row[0] == 0]
         if not stored:
             raise LookupError(f"the ledger has no offset row for partition {partition}")
-        calls, runs, decided, _heads = loaded(row for row in rows if row[0] != 0)
+        calls, runs, decided, _heads = loaded(row for row in rows if row[0] not in (0, _RUN_CALLS))
+        of_runs = [call_columns(row) for row in rows if row[0] == _RUN_CALLS]
+        per_run = Counter(c["run_id"] for c in of_runs)
+        whole = frozenset(r["run_id"] for r in runs if per_run[r["run_id"]] <= RUN_CALLS_LOADED)
+        calls.extend(c for c in of_runs if c["run_id"] in whole)
         verdicts: dict[uuid.UUID, Verdict] = {}
         if decided:  # a resend: its first verdict is the answer
             found = await self._fetch(VERDICTS_BY_ID, decided)
@@ -64,6 +91,7 @@ class LeaderReads(PostgresReads):
             runs={r["run_id"]: RunRecord.model_validate(r) for r in runs},
             decided=verdicts,
             generation=generation,
+            whole=whole,
         )
 
     async def register(self, partition: int, address: str | None, at_offset: int) -> bool:

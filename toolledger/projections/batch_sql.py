@@ -172,6 +172,11 @@ _CALLS_AT = slice(1, 1 + len(CALL_TYPES))
 _RUNS_AT = slice(_CALLS_AT.stop, _CALLS_AT.stop + len(RUN_TYPES))
 
 
+def call_columns(row: asyncpg.Record) -> dict[str, Any]:
+    """A call's columns from a row shaped as `LOAD`'s (kind first, then the call's columns)."""
+    return dict(zip(CALL_TYPES, row[_CALLS_AT], strict=True))
+
+
 def loaded(
     rows: Iterable[asyncpg.Record],
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[Any], dict[str, str]]:
@@ -183,7 +188,7 @@ def loaded(
     for row in rows:
         kind = row[0]
         if kind == 1:
-            calls.append(dict(zip(CALL_TYPES, row[_CALLS_AT], strict=True)))
+            calls.append(call_columns(row))
         elif kind == 2:
             runs.append(dict(zip(RUN_TYPES, row[_RUNS_AT], strict=True)))
         elif kind == 3:
