@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from toolledger.projections.gc_pause import SurvivorFreezer
+from toolledger.projections.gc_pause import YOUNG_THRESHOLD, SurvivorFreezer, settle_collector
 
 
 class Node:
@@ -76,3 +76,25 @@ def test_uninstalled_it_freezes_nothing(freezer: SurvivorFreezer) -> None:
     freezer.uninstall()
     gc.collect()
     assert freezer.freezes == 0 and gc.get_freeze_count() == 0
+
+
+def test_settling_the_collector_freezes_start_up_and_spaces_young_collections() -> None:
+    """`settle_collector` (run by `toolledger projector` and `toolledger serve` once started):
+    what exists then is frozen, young collections wait for `YOUNG_THRESHOLD` allocations (the
+    older generations keep their thresholds), and full collections freeze their survivors."""
+    before = gc.get_threshold()
+    gc.collect()
+    gc.unfreeze()
+    start_up = [Node() for _ in range(1000)]
+    freezer = settle_collector()
+    try:
+        assert gc.get_freeze_count() >= len(start_up)
+        assert gc.get_threshold() == (YOUNG_THRESHOLD, before[1], before[2])
+        later = [Node() for _ in range(1000)]
+        frozen = gc.get_freeze_count()
+        gc.collect()
+        assert freezer.freezes == 1 and gc.get_freeze_count() >= frozen + len(later)
+    finally:
+        freezer.uninstall()
+        gc.set_threshold(*before)
+        gc.unfreeze()

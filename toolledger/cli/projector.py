@@ -16,7 +16,6 @@ that partition until the key is deployed.
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import signal
 
@@ -26,7 +25,7 @@ from toolledger.cli.entry import configure_logging
 
 
 async def _run(status_every: float, health_host: str, health_port: int | None) -> None:
-    from toolledger.projections.gc_pause import SurvivorFreezer
+    from toolledger.projections.gc_pause import settle_collector
     from toolledger.projections.health import ProjectorHealth, log_status
     from toolledger.projections.health_http import HealthServer
     from toolledger.settings import ProjectorSettings, load_settings
@@ -37,9 +36,8 @@ async def _run(status_every: float, health_host: str, health_port: int | None) -
     # It waits for no verdict, so it does not LISTEN to the notifications it sends itself.
     stack = await LedgerStack.connect(settings, run_projector=True, listen=False)
     # Everything imported and connected so far lives as long as the process: keep it out of
-    # every later collection (a library cannot decide this for its host; this command can).
-    gc.freeze()
-    SurvivorFreezer().install()  # a leader's memory too, once it has outlived a collection
+    # every later collection, and a leader's memory too once it outlived one.
+    settle_collector()
     projector = stack.projector
     assert projector is not None
     loop = asyncio.get_running_loop()

@@ -82,3 +82,26 @@ class SurvivorFreezer:
         else:
             self.freezes += 1
             gc.freeze()
+
+
+#: Allocations (net of frees) between young collections in a process that owns a projector;
+#: CPython's default is 700. Each young collection walks what survived since the last one and
+#: promotes it, and a leader answering many calls allocates steadily (frames, events, verdicts),
+#: so at 700 the collector ran after nearly every batch. A 64-way probe (not committed, four
+#: alternated pairs) spent 1,040-1,164 us of projector CPU per step with the default and
+#: 1,016-1,079 us with this, less in every pair (BENCHMARKS.md, sixteenth session).
+YOUNG_THRESHOLD = 20_000
+
+
+def settle_collector() -> SurvivorFreezer:
+    """Set up the collector for a long-lived process that owns a projector (`toolledger
+    projector`, `toolledger serve`), once everything it starts with is loaded: freeze that
+    (it lives as long as the process), collect young objects less often (`YOUNG_THRESHOLD`),
+    and freeze what outlives each full collection (`SurvivorFreezer`). Process-wide: a library
+    cannot decide this for its host; these commands own their process."""
+    gc.freeze()
+    _, middle, old = gc.get_threshold()
+    gc.set_threshold(YOUNG_THRESHOLD, middle, old)
+    freezer = SurvivorFreezer()
+    freezer.install()
+    return freezer

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import signal
 import socket
@@ -37,7 +36,7 @@ from toolledger.api.closing import close_stack
 from toolledger.api.compensation import load_tools
 from toolledger.cli.entry import CommandFailed
 from toolledger.errors import ExitStatus
-from toolledger.projections.gc_pause import SurvivorFreezer
+from toolledger.projections.gc_pause import settle_collector
 from toolledger.projections.health import ProjectorHealth, log_status
 from toolledger.server.children import Children, exit_of
 from toolledger.settings import OperatorSettings, ProjectorSettings, Settings, load_settings
@@ -119,8 +118,7 @@ async def serve(options: ServerOptions) -> None:
     web: _Web | None = None
     tasks: list[asyncio.Task[object]] = []
     try:
-        gc.freeze()  # as `toolledger projector`: what lives as long as the process
-        SurvivorFreezer().install()
+        settle_collector()  # as `toolledger projector`
         for role, args in _child_args(options):
             await children.start(role, args)
         assert stack.projector is not None
