@@ -4,7 +4,7 @@ the batch names, not what the partition remembers.
 A projector keeps up to `KNOWN_LIMIT` rows of each partition it owns, and folds each small
 batch on them. Working out which of a batch's rows it knows must look up the batch's names in
 those rows, never walk them: `wanted - known.keys()` walks the whole key view, which cost a
-leader's projector a quarter of a millisecond per operand at a few thousand rows.
+leader's projector 135 us per small batch at 4,000 remembered calls (BENCHMARKS.md).
 """
 
 from __future__ import annotations

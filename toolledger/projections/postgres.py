@@ -378,8 +378,8 @@ def _absent(wanted: set[_T], known: Mapping[_T, object]) -> list[_T]:
     """The members of `wanted` that `known` has no entry for, in time linear in `wanted`.
 
     Not `wanted - known.keys()`: a set minus a dict's key view walks the whole view (the
-    view's reflected difference iterates it), so a small batch against a partition's
-    thousands of known rows cost a projector a quarter of a millisecond per operand.
+    view's reflected difference iterates it), about 26 ns per remembered row here, so up to a
+    quarter of a millisecond per operand near `KNOWN_LIMIT`, for a batch of one record.
     """
     return [k for k in wanted if k not in known]
 
