@@ -25,6 +25,7 @@ from toolledger.projections.batch_sql import (
     RUN_TYPES,
     VERDICTS_BY_ID,
     call_columns,
+    calls_of_runs,
     loaded,
 )
 from toolledger.projections.postgres_reads import PostgresReads
@@ -33,17 +34,14 @@ from toolledger.projections.postgres_reads import PostgresReads
 #: every key of it ("Whole runs" in `toolledger.leader.partition`). One more is read to tell.
 RUN_CALLS_LOADED = 128
 _NULLS = ", ".join(f"NULL::{t}" for t in (*CALL_TYPES.values(), *RUN_TYPES.values()))
-_RUN_NULLS = ", ".join(f"NULL::{t}" for t in RUN_TYPES.values())
 _RUN_CALLS = 5
 #: `LOAD` (calls $1, runs $2, event_ids $3, no chain heads $4) plus, first, a kind-0 row whose
 #: last column is partition $5's stored next offset, and kind-5 rows: up to $6 calls of each
-#: run in $2 (by the `tool_executions_run` index). One statement, one snapshot.
+#: run in $2. One statement, one snapshot.
 PROVENANCE = (
     f"SELECT 0 AS kind, {_NULLS}, NULL::uuid, next_offset::text "  # noqa: S608
     f"FROM projection_offsets WHERE partition = $5 UNION ALL {LOAD} "
-    f"UNION ALL SELECT {_RUN_CALLS}, {', '.join(f'c.{n}' for n in CALL_TYPES)}, {_RUN_NULLS}, "
-    "NULL::uuid, NULL FROM unnest($2::text[]) AS wanted(run_id) CROSS JOIN LATERAL "
-    "(SELECT * FROM tool_executions AS t WHERE t.run_id = wanted.run_id LIMIT $6) AS c"
+    f"UNION ALL {calls_of_runs(_RUN_CALLS, '$2', '$6')}"
 )
 REGISTER = (
     "UPDATE projection_offsets SET leader_address = $2 WHERE partition = $1 AND next_offset = $3 "

@@ -163,6 +163,18 @@ LOAD = (
     "CROSS JOIN LATERAL (SELECT chain_hash FROM tool_execution_history AS t "
     'WHERE t.key = wanted.key ORDER BY partition DESC, "offset" DESC LIMIT 1) AS h'
 )
+
+
+def calls_of_runs(kind: int, runs: str, limit: str) -> str:
+    """A branch in `LOAD`'s row shape: up to `limit` calls of each run in the text[] `runs`
+    (parameters, e.g. "$2"), by the `tool_executions_run` index, each row tagged `kind`."""
+    return (
+        f"SELECT {kind}, {_names(CALL_TYPES, 'c.')}, {_nulls(RUN_TYPES)}, NULL::uuid, "  # noqa: S608
+        f"NULL::text FROM unnest({runs}::text[]) AS wanted(run_id) CROSS JOIN LATERAL "
+        f"(SELECT * FROM tool_executions AS t WHERE t.run_id = wanted.run_id LIMIT {limit}) AS c"
+    )
+
+
 #: The stored verdicts of the event_ids in $1, one primary-key probe each (as `LOAD`'s).
 VERDICTS_BY_ID = (
     "SELECT v.verdict_json FROM unnest($1::uuid[]) AS wanted(event_id) CROSS JOIN LATERAL "
