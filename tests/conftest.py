@@ -28,9 +28,11 @@ import shutil
 import signal
 import uuid
 import warnings
+from asyncio import selector_events
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import hypothesis
@@ -114,6 +116,45 @@ def dev_services(request: pytest.FixtureRequest) -> Iterator[Services]:
     finally:
         stack.down()
         shutil.rmtree(stack.project_dir, ignore_errors=True)
+
+
+def _to_session_broker(transport: object) -> bool:
+    """Whether `transport` is connected to this session's broker (`_BROKER`)."""
+    address = _BROKER.get("address")
+    extra = getattr(transport, "_extra", None)
+    peer = extra.get("peername") if isinstance(extra, dict) else None
+    if address is None or not isinstance(peer, tuple) or len(peer) < 2:
+        return False
+    host, _, port = address.rpartition(":")
+    return (str(peer[0]), str(peer[1])) == (host, port)
+
+
+#: asyncio's base of socket transports (private, so not in the type stubs).
+_SelectorTransport: Any = vars(selector_events)["_SelectorTransport"]
+
+
+def _quiet_for_the_broker(self: Any, _warn: Any = warnings.warn) -> None:
+    """`_SelectorTransport.__del__`, told which peer a leaked transport was connected to.
+
+    A connection lost to aiokafka's shutdown race (`_aiokafka_shutdown_race`) and collected
+    after its test's loop closed warns three times, in whatever order the collector finalizes
+    its objects: the `AIOKafkaConnection`, its socket (both ignored there, for the broker only)
+    and its transport, whose own warning ("unclosed transport <_SelectorSocketTransport fd=N>")
+    names no address for a warning filter to match. So the peer is looked up here: a transport
+    to this session's broker has its socket closed quietly; any other (PostgreSQL, a leader, a
+    test server) warns as asyncio does, with the peer named so the leak can be traced, and
+    fails the test it is collected in."""
+    sock = getattr(self, "_sock", None)
+    if sock is None:
+        return
+    if not _to_session_broker(self):
+        peer = self._extra.get("peername")
+        _warn(f"unclosed transport {self!r} to {peer}", ResourceWarning, source=self)
+    sock.close()
+    self._sock = None
+
+
+_SelectorTransport.__del__ = _quiet_for_the_broker
 
 
 @pytest.fixture(autouse=True)
