@@ -91,12 +91,18 @@ class Scene:
 
     async def batch_transaction(self, proc: Proc) -> asyncpg.Record | None:
         """`proc`'s session that is inside a batch transaction past its offset compare-and-set
-        (it holds a row lock on projection_offsets), with its state; None if there is none."""
+        (it holds a row lock on projection_offsets), with its state; None if there is none.
+
+        The table lock alone does not say the CAS ran: PostgreSQL takes it when the statement
+        is parsed, and a client frozen between asyncpg's prepare and its execute holds it with
+        no row locked (seen once: the other projector's CAS then never waited). The CAS is the
+        batch transaction's first write, so a transaction id (`backend_xid`, assigned on the
+        first write) says it updated the row, and holds its lock to the end."""
         return await self.db.fetchrow(
             "SELECT a.pid, a.state, a.wait_event FROM pg_locks l "
             "JOIN pg_stat_activity a ON a.pid = l.pid "
             "WHERE l.relation = 'projection_offsets'::regclass AND l.mode = 'RowExclusiveLock' "
-            "AND l.granted AND a.client_port = ANY($1::int[])",
+            "AND l.granted AND a.backend_xid IS NOT NULL AND a.client_port = ANY($1::int[])",
             sorted(proc.local_ports()),
         )
 
