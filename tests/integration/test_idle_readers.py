@@ -25,7 +25,7 @@ from tests.integration.procs import until
 from tests.isolated import Isolated, running_stack
 from toolledger.api.app import close_stack
 from toolledger.events.kafka import KafkaLog, KafkaReader
-from toolledger.events.log import LogReader
+from toolledger.events.log import LogReader, partition_for
 from toolledger.events.pacing import IdleBackoff
 from toolledger.leader.runtime_port import LeaderPort
 from toolledger.settings import ProjectorSettings
@@ -181,8 +181,8 @@ async def test_a_backed_off_projector_reads_a_direct_append_at_once(isolated: Is
 
 async def test_the_leader_wakes_its_backed_off_projector(isolated: Isolated) -> None:
     """On the fast path the leader answers from memory, but the projection (the rows every
-    other reader sees) follows only when the projector reads the leader's records: the leader
-    appended them, so it must wake its projector instead of leaving them to the idle wait."""
+    other reader sees) follows only when the projector takes the leader's records: the leader
+    hands them over, so it must wake its projector instead of leaving them to the idle wait."""
     settings = _settings(isolated, leader="auto")
     async with (
         _projector_process_stack(settings) as projecting,
@@ -215,3 +215,42 @@ async def test_the_leader_wakes_its_backed_off_projector(isolated: Isolated) -> 
 async def _led(port: LeaderPort, partitions: int) -> bool:
     found = await port.directory.leaders()
     return len([a for a in found.values() if a]) == partitions
+
+
+async def test_a_parked_partition_is_not_fetched_and_a_skip_moves_the_reader_on(
+    isolated: Isolated,
+) -> None:
+    """A projector parks the partitions its leader hands over: a parked partition must not be
+    fetched at all (fetching back what the leader appended is what cost the broker), the
+    others must be, and once it is unparked the reader must start where `skip` put it, not
+    hand out again what the caller already has."""
+    log = KafkaLog(isolated.kafka_bootstrap, f"{isolated.topic_prefix}parked")
+    await log.start()
+    reader = log.reader()
+    try:
+        await log.ensure_topic(2)
+        keys = {partition_for(f"run-{i}", 2): f"run-{i}" for i in range(20)}
+        await reader.assign({0: 1, 1: 1})
+        reader.park({0})
+        first = await log.append(keys[0], b"parked-1")
+        second = await log.append(keys[0], b"parked-2")
+        await log.append(keys[1], b"read-1")
+        seen = await _fetched_for(reader, 0.5)
+        assert seen == [(1, b"read-1")]
+        reader.skip(0, second.offset)
+        reader.park(set())
+        assert (first.offset, second.offset) == (1, 2)
+        assert await _fetched_for(reader, 0.5) == [(0, b"parked-2")]
+    finally:
+        await reader.close()
+        await log.close()
+
+
+async def _fetched_for(reader: LogReader, seconds: float) -> list[tuple[int, bytes]]:
+    """Every record `reader` hands out within `seconds`, as (partition, value)."""
+    seen: list[tuple[int, bytes]] = []
+    give_up = time.monotonic() + seconds
+    while time.monotonic() < give_up:
+        for partition, records in (await reader.fetch(0.005)).items():
+            seen.extend((partition, r.value) for r in records)
+    return seen

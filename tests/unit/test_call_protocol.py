@@ -100,13 +100,18 @@ class RefusingLog:
         stack.commands.events.append = self._append  # type: ignore[method-assign]
 
     async def _append(
-        self, key: str, value: bytes, headers: Sequence[tuple[str, bytes]] = ()
+        self,
+        key: str,
+        value: bytes,
+        headers: Sequence[tuple[str, bytes]] = (),
+        *,
+        hint: bool = True,
     ) -> Position:
         event_type = decode(value).type
         if time.monotonic() < self.until:
             self.refused.append(event_type)
             raise LogError("the broker is unreachable (refused by the test)")
-        position = await self.append(key, value, headers)
+        position = await self.append(key, value, headers, hint=hint)
         if event_type == self.after:
             self.until = time.monotonic() + self.period
             self.then()

@@ -105,3 +105,16 @@ def test_the_fold_halts_when_the_first_record_is_past_its_start() -> None:
     batch = decode_records(0, _records(4, 5), 3, b.KEYS)
     assert (batch.items, batch.next_offset) == ([], 3)
     assert batch.halted is not None and "offset 3" in batch.halted
+
+
+def test_a_skip_moves_the_next_offset_on_and_never_back() -> None:
+    reader = Contiguous(patience=5.0)
+    reader.start({0: 3})
+    kept, _ = reader.take(0, _records(3), now=0.0)
+    assert _offsets(kept) == [3]
+    assert reader.take(0, _records(5), now=0.0)[1] == 4, "a hole at 4 is open"
+    assert reader.skip(0, 6), "the caller has 4 and 5 from elsewhere"
+    kept, again = reader.take(0, _records(4, 5, 6, 7), now=0.01)
+    assert (_offsets(kept), again) == ([6, 7], None)
+    assert not reader.skip(0, 2) and not reader.skip(0, 8)
+    assert not reader.skip(1, 9), "a partition not read is not skipped"

@@ -76,10 +76,15 @@ class _FlakyLog(EventLog):
         return await self._inner.partition_count()
 
     async def append(
-        self, key: str, value: bytes, headers: Sequence[tuple[str, bytes]] = ()
+        self,
+        key: str,
+        value: bytes,
+        headers: Sequence[tuple[str, bytes]] = (),
+        *,
+        hint: bool = True,
     ) -> Position:
         self._outage.check()
-        return await self._inner.append(key, value, headers)
+        return await self._inner.append(key, value, headers, hint=hint)
 
     def reader(self) -> LogReader:
         return _FlakyReader(self._inner.reader(), self._outage)

@@ -34,7 +34,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -237,7 +237,12 @@ class KafkaLog(EventLog):
         return partitions
 
     async def append(
-        self, key: str, value: bytes, headers: Sequence[tuple[str, bytes]] = ()
+        self,
+        key: str,
+        value: bytes,
+        headers: Sequence[tuple[str, bytes]] = (),
+        *,
+        hint: bool = True,
     ) -> Position:
         if not self._topic_seen:
             async with self._topic_check:
@@ -245,7 +250,7 @@ class KafkaLog(EventLog):
                     await self.partition_count()
                     self._topic_seen = True
         position = await self._send(key.encode(), value, headers, None)
-        if self.on_appended is not None:
+        if hint and self.on_appended is not None:
             self.on_appended(position)
         return position
 
@@ -533,6 +538,15 @@ class Contiguous:
         self._next[partition] = expected
         return kept, None
 
+    def skip(self, partition: int, offset: int) -> bool:
+        """Read `partition` from `offset` on if that is further: whether it was."""
+        expected = self._next.get(partition)
+        if expected is None or offset <= expected:
+            return False
+        self._next[partition] = offset
+        self._open.pop(partition, None)
+        return True
+
     def _waited_out(self, partition: int, missing: int, now: float) -> bool:
         since = self._open.get(partition)
         if since is None or since[0] != missing:
@@ -570,6 +584,16 @@ class KafkaReader(LogReader):
     def waits(self) -> int:
         """Fetches this reader's consumer let through after an idle wait (for tests)."""
         return 0 if self._consumer is None else self._consumer.waits
+
+    def park(self, partitions: Collection[int]) -> None:
+        if self._consumer is not None:
+            topic = self._log.topic
+            self._consumer.park({TopicPartition(topic, p) for p in partitions})
+
+    def skip(self, partition: int, offset: int) -> None:
+        if self._consumer is not None and self._contiguous.skip(partition, offset):
+            # aiokafka drops fetched records, and answers in flight, from the old position
+            self._consumer.consumer.seek(TopicPartition(self._log.topic, partition), offset)
 
     async def assign(self, positions: Mapping[int, int]) -> None:
         topic = self._log.topic

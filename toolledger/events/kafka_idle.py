@@ -9,6 +9,9 @@ partitions while `IdleBackoff` says to wait, and resumes them for each fetch it 
 A fetch in flight when the partitions pause is not lost: its records stay buffered in the
 consumer and the next fetch returns them.
 
+Partitions can also be parked (`park`): left paused whatever the backoff says, because their
+records reach the reader's caller another way (a leader's own appends, handed to its projector).
+
 `wake()` is the hint: a wait in progress ends at once and the reader fetches as if records were
 flowing (which they are about to: whoever hints has just appended). Hints come from the same
 process (the leader appends, then wakes its projector's reader) or through PostgreSQL from
@@ -40,6 +43,7 @@ class IdleConsumer:
         self.backoff = backoff
         self._hint = asyncio.Event()
         self._paused = False
+        self._parked: set[TopicPartition] = set()
         #: Fetches let through after a wait (tests wait for one to know where the cycle is).
         self.waits = 0
 
@@ -48,9 +52,17 @@ class IdleConsumer:
         self._hint.set()
 
     def restart(self) -> None:
-        """The assignment changed: read at once (a new assignment starts unpaused)."""
+        """The assignment changed: read at once (a new assignment starts unpaused and parks
+        nothing)."""
         self._paused = False
+        self._parked = set()
         self.backoff.active(time.monotonic())
+
+    def park(self, partitions: set[TopicPartition]) -> None:
+        """Fetch none of `partitions` until parked again without them (see the module)."""
+        if partitions != self._parked:
+            self._parked = partitions
+            self._apply()
 
     async def getmany(
         self, timeout_ms: int, max_records: int | None = None
@@ -83,11 +95,14 @@ class IdleConsumer:
         self._pause(False)
 
     def _pause(self, paused: bool) -> None:
-        if paused == self._paused:
-            return
-        partitions = list(self.consumer.assignment())
+        if paused != self._paused:
+            self._paused = paused
+            self._apply()
+
+    def _apply(self) -> None:
+        assigned = self.consumer.assignment()
+        paused = assigned if self._paused else assigned & self._parked
         if paused:
-            self.consumer.pause(*partitions)
-        else:
-            self.consumer.resume(*partitions)
-        self._paused = paused
+            self.consumer.pause(*paused)
+        if assigned - paused:
+            self.consumer.resume(*(assigned - paused))

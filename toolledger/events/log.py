@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from toolledger.errors import ToolLedgerError
@@ -270,6 +270,18 @@ class LogReader(ABC):
         """A hint that records may be readable now: a reader backed off while idle fetches at
         once. Never needed for correctness, only for speed."""
 
+    def park(self, partitions: Collection[int]) -> None:  # noqa: B027 (see below)
+        """Stop fetching these assigned partitions, and fetch every other one: their records
+        reach the caller another way for now (a projector takes what its leader appended and
+        proved, `toolledger.projections.following`). Each call replaces the last; `assign`
+        parks none. Never needed for correctness, only for speed: a no-op by default, and a
+        caller must take records it already has from a fetch without harm."""
+
+    def skip(self, partition: int, offset: int) -> None:  # noqa: B027 (see below)
+        """The caller has `partition`'s records before `offset` from elsewhere: read it from
+        `offset` on, if that is further than this reader has come. A no-op by default (the
+        reader then hands those records out again, and the caller drops them)."""
+
     @abstractmethod
     async def close(self) -> None: ...
 
@@ -331,9 +343,17 @@ class EventLog(ABC):
 
     @abstractmethod
     async def append(
-        self, key: str, value: bytes, headers: Sequence[tuple[str, bytes]] = ()
+        self,
+        key: str,
+        value: bytes,
+        headers: Sequence[tuple[str, bytes]] = (),
+        *,
+        hint: bool = True,
     ) -> Position:
         """Append durably; the position once acknowledged.
+
+        `hint`: tell the partition's projector (`toolledger.projections.hints`); False when the
+        appender hands the record to it itself (a leader to its own projector).
 
         The partition is `partition_for(key, partitions)`. Raises `RecordTooLarge` for a record
         over the size limit (it did not land; do not resend it), and `LogError` if the topic

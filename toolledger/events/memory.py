@@ -165,9 +165,14 @@ class MemoryLog(EventLog):
         return len(self._existing().partitions)
 
     async def append(
-        self, key: str, value: bytes, headers: Sequence[tuple[str, bytes]] = ()
+        self,
+        key: str,
+        value: bytes,
+        headers: Sequence[tuple[str, bytes]] = (),
+        *,
+        hint: bool = True,
     ) -> Position:
-        topic = self._existing()
+        topic = self._existing()  # a memory reader is woken by the append itself: no hints
         encoded = key.encode()
         check_record_size(self.topic, encoded, value, headers, self.max_record_bytes)
         return topic.append(self._partition(key, len(topic.partitions)), encoded, value, headers)

@@ -32,7 +32,7 @@ from typing import Any
 
 from toolledger.events.codec import decode
 from toolledger.events.fold import Positioned
-from toolledger.events.log import EventLog, LogError, LogReader, Position
+from toolledger.events.log import EventLog, LogError, LogReader, LogRecord, Position
 from toolledger.events.models import Event
 from toolledger.events.records import Verdict
 from toolledger.events.signing import VerifyKeys
@@ -91,24 +91,29 @@ class GapReader:
         self._reader: LogReader | None = None
         self._lock = asyncio.Lock()
 
-    async def between(self, partition: int, start: int, end: int) -> list[Item]:
-        """The decoded records of `[start, end)` (fewer if the bound passes first)."""
+    async def between(
+        self, partition: int, start: int, end: int
+    ) -> tuple[list[Item], list[LogRecord]]:
+        """The decoded records of `[start, end)` (fewer if the bound passes first), and the
+        records themselves."""
         async with self._lock:
             if self._reader is None:
                 self._reader = self._events.reader()
             await self._reader.assign({partition: start})
             items: list[Item] = []
+            kept: list[LogRecord] = []
             at = start
             give_up = time.monotonic() + GAP_BOUND
             while at < end and time.monotonic() < give_up:
                 fetched = await self._reader.fetch(max_wait=0.005, max_records=end - at)
-                records = [r for r in fetched.get(partition, []) if r.offset < end]
+                records = [r for r in fetched.get(partition, []) if at <= r.offset < end]
                 batch = decode_records(partition, records, at, self._keys, decode)
                 if batch.halted is not None:
                     raise Superseded(batch.halted)
                 items.extend(batch.items)
+                kept.extend(r for r in records if r.offset < batch.next_offset)
                 at = batch.next_offset
-            return items
+            return items, kept
 
     async def close(self) -> None:
         if self._reader is not None:
@@ -131,11 +136,38 @@ class PartitionAppender:
         self._wanted: _Wanted | None = None
         self._loader: asyncio.Task[None] | None = None
         self._asked = -IDLE_AFTER
+        #: The records this leader folded in `_prove` (its own and the foreign ones before
+        #: them), in offset order, until its projector takes them (`take_proven`) instead of
+        #: fetching them back; `on_proven` is told when there are more.
+        self.proven: list[LogRecord] = []
+        self.on_proven: Callable[[int], None] | None = None
         #: The events of records this leader appended, by the bytes appended, until the
         #: projector fetches them back (`LeaderServer.decoder`): Kafka returns a record's value
         #: as it was sent, so those bytes decode to this very event, and decoding (a schema
         #: read and a model validation per record) need not be done twice.
         self.appended: dict[bytes, Event] = {}
+
+    def take_proven(self, start: int) -> list[LogRecord] | None:
+        """The proven records from offset `start` on, as far as they run without a hole; those
+        before `start` are dropped. None if memory has folded past `start` but the records
+        there are not here (dropped at the cap; they are the projector's to fetch).
+
+        Everything memory folds after the projector's position is proven here, except what
+        the projector fetched itself and `LeaderServer.folding` folded (a hole, where the
+        projector's position is past it anyway), so None is rare."""
+        proven = self.proven
+        first = 0
+        while first < len(proven) and proven[first].offset < start:
+            first += 1
+        if first == len(proven) or proven[first].offset != start:
+            del proven[:first]
+            return None if self.state.next > start else []
+        last = first + 1
+        while last < len(proven) and proven[last].offset == proven[last - 1].offset + 1:
+            last += 1
+        taken = proven[first:last]
+        del proven[:last]
+        return taken
 
     def in_use(self) -> bool:
         """Whether a runtime asked for this partition in the last `IDLE_AFTER` seconds."""
@@ -259,6 +291,7 @@ class PartitionAppender:
             p.offset: Positioned(partition, p.offset, r.event)
             for p, r in zip(positions, batch, strict=True)
         }
+        written = {p.offset: r for p, r in zip(positions, batch, strict=True)}
         async with self.lock:
             if loading is not None:
                 state.learn(await loading)
@@ -266,9 +299,10 @@ class PartitionAppender:
             while state.next < target:
                 if state.next in own:
                     items: list[Item] = [own[state.next]]
+                    records = [_written(partition, state.next, written[state.next])]
                 else:  # foreign records before (or between) ours: fetch them now
                     upto = min([o for o in own if o > state.next] + [target])
-                    items = await self._gaps.between(partition, state.next, upto)
+                    items, records = await self._gaps.between(partition, state.next, upto)
                     if not items:
                         raise Superseded(
                             f"partition {partition}: records from offset {state.next} did not "
@@ -276,6 +310,7 @@ class PartitionAppender:
                         )
                 await self.ensure_known(items)
                 state.fold(items, items[-1].offset + 1)
+                self._hand_over(records)  # at once: what memory folded, `proven` holds
         answers: list[Answer] = []
         for position, request in zip(positions, batch, strict=True):
             verdict = state.verdict(request.event.event_id)
@@ -285,11 +320,26 @@ class PartitionAppender:
                 answers.append(Answer(Kind.VERDICT, verdict, offset=position.offset))
         return answers
 
+    def _hand_over(self, proven: list[LogRecord]) -> None:
+        """Keep `proven` for the projector, which is told, unless it is not taking them."""
+        if not proven:
+            return
+        if len(self.proven) + len(proven) > APPENDED_CAP:
+            self.proven.clear()  # not taken (skipping, halted): the projector fetches instead
+        self.proven.extend(proven)
+        if self.on_proven is not None:
+            self.on_proven(self.state.partition)
+
     async def _produce(self, batch: list[_Request]) -> list[Position]:
-        """Send every record at once (one produce request) and wait for every offset."""
+        """Send every record at once (one produce request) and wait for every offset. No hint
+        goes out: the records are handed to this process's projector (`take_proven`)."""
+        if len(self.appended) + len(batch) > APPENDED_CAP:
+            self.appended.clear()  # the projector is not fetching them (skipping, halted)
+        for request in batch:  # before sending: a fetch may bring them back before the ack
+            self.appended[request.data] = request.event
         async with asyncio.timeout(PRODUCE_BOUND):
             positions = await asyncio.gather(
-                *(self._events.append(r.event.run_id, r.data) for r in batch)
+                *(self._events.append(r.event.run_id, r.data, hint=False) for r in batch)
             )
         for position in positions:
             if position.partition != self.state.partition:
@@ -298,11 +348,13 @@ class PartitionAppender:
                     f"{position.partition}: the runtime and the leader disagree on the "
                     "partition count"
                 )
-        if len(self.appended) + len(batch) > APPENDED_CAP:
-            self.appended.clear()  # the projector is not fetching them (skipping, halted)
-        for request in batch:
-            self.appended[request.data] = request.event
         return list(positions)
+
+
+def _written(partition: int, offset: int, request: _Request) -> LogRecord:
+    """The record Kafka holds at `offset` for `request`: its key and value as appended (the
+    projector reads nothing else of a record, so the broker's timestamp is not needed)."""
+    return LogRecord(partition, offset, request.event.run_id.encode(), request.data, 0)
 
 
 def _settle(loaded: asyncio.Future[None], error: BaseException | None) -> None:

@@ -23,7 +23,7 @@ import json
 import logging
 import ssl
 import uuid
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from toolledger.events.codec import DecodeError, decode
@@ -98,6 +98,7 @@ class LeaderServer(PartitionFollower):
         self._writers: set[asyncio.StreamWriter] = set()
         self.address = ""
         self._closed = False
+        self._wake: Callable[[int], None] | None = None
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(
@@ -135,7 +136,9 @@ class LeaderServer(PartitionFollower):
         if old is not None:
             await old.close()
         state = LeaderPartition(partition, next_offset, self.keys)
-        self._led[partition] = PartitionAppender(state, self.events, self.reads.load, self._gaps)
+        appender = PartitionAppender(state, self.events, self.reads.load, self._gaps)
+        appender.on_proven = self._wake
+        self._led[partition] = appender
         try:
             if not await self.reads.register(partition, self.address, next_offset):
                 state.supersede(
@@ -183,6 +186,22 @@ class LeaderServer(PartitionFollower):
             return False
         appended = appender.appended
         return all(record.value in appended for record in records)
+
+    def attach(self, wake: Callable[[int], None]) -> None:
+        self._wake = wake
+        for appender in self._led.values():
+            appender.on_proven = wake
+
+    def carries(self, partition: int) -> bool:
+        """While runtimes ask for `partition`, this leader appends its records and hands them
+        over; a foreign writer's are fetched when its hint arrives, or with the leader's next
+        batch (`PartitionAppender._prove` fetches what lies before it)."""
+        appender = self._leading(partition)
+        return appender is not None and appender.in_use()
+
+    def proven(self, partition: int, start: int) -> list[LogRecord] | None:
+        appender = self._led.get(partition)  # superseded or not: they are the log's records
+        return None if appender is None else appender.take_proven(start)
 
     def decoder(self, partition: int, decode: Decode) -> Decode:
         """The events this leader appended, for the bytes the projector fetches back."""

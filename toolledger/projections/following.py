@@ -7,6 +7,13 @@ about to commit (so memory is never behind PostgreSQL), when they committed, and
 partition is gone. The projector calls these four methods and knows nothing else about leaders;
 without a follower it runs exactly as before.
 
+The leader also hands the projector the records it appended and proved (`proven`), so the
+projector need not fetch back what this very process just wrote: while a follower `carries` a
+partition the projector parks it in its reader (`LogReader.park`), and fetches it only when a
+hint says someone else appended there, once a second in case a hint was lost, and whenever the
+handed records do not join up with its position. The records are the log's own (their offsets
+are the broker's acknowledgements), so taking them is the same as fetching them.
+
 A follower must not fail the projector: `folding` may take its time (it is awaited before the
 batch's transaction), but anything it cannot do it handles itself, by no longer answering for
 that partition.
@@ -56,6 +63,20 @@ class PartitionFollower(ABC):
         after them (`Projector.linger`): the follower answered them from memory, so nobody
         waits for their commit. No, by default."""
         return False
+
+    def attach(self, wake: Callable[[int], None]) -> None:  # noqa: B027 (optional)
+        """`wake(partition)` is to be called when `proven` has more records for `partition`."""
+
+    def carries(self, partition: int) -> bool:
+        """Whether `partition`'s records reach the projector through `proven` for now, so its
+        reader need not fetch them. No, by default."""
+        return False
+
+    def proven(self, partition: int, start: int) -> list[LogRecord] | None:
+        """`partition`'s records from offset `start` on that the follower holds, without holes
+        (taken: each is handed over once); None when it knows of records from `start` on that
+        it does not hold, which the projector must fetch. None, by default."""
+        return None
 
     def decoder(self, partition: int, decode: Decode) -> Decode:
         """How the projector decodes `partition`'s next fetched records: `decode`, unless the

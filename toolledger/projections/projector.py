@@ -21,6 +21,13 @@ call's trace (`toolledger.projections.tracing`).
 While nothing arrives its reader backs off to the idle bound between fetches, and `wake` (an
 append hint, `toolledger.projections.hints`) ends the wait at once; so an idle projector's loop
 turns a few times a second, and its ownership checks with it.
+
+A partition its leader carries (`PartitionFollower.carries`) is not fetched: the leader hands
+over what it appended and proved (`PartitionFollower.proven`), and the reader parks it. It is
+fetched again for `HINTED_S` after a hint (someone else appended there), for `PROBE_S` every
+`PROBE_EVERY_S` (a hint may be lost), and while the handed records do not join up with the
+partition's position. Fetching what this process just appended cost the local broker more CPU
+than the appends did (BENCHMARKS.md, issue 25, twentieth session).
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ from toolledger.events.log import (
     TopicMissing,
 )
 from toolledger.events.models import Event
+from toolledger.events.pacing import IDLE_AFTER_S
 from toolledger.events.records import Verdict
 from toolledger.projections.dberrors import database_errors
 from toolledger.projections.decoding import decode_records
@@ -58,6 +66,16 @@ from toolledger.settings import ConfigError
 log = logging.getLogger("toolledger.projector")
 
 VerdictSink = Callable[[int, Sequence[Verdict]], Awaitable[None]]
+
+#: Seconds a carried partition is fetched after a hint: each writer sends at most one per
+#: partition per `HINT_QUIET_S` (`toolledger.projections.hints`), so the appends it did not
+#: hint are fetched in the same window.
+HINTED_S = IDLE_AFTER_S
+#: Every so many seconds each carried partition is fetched for `PROBE_S`, in case a hint
+#: was lost: the most a foreign record waits when nobody hints it and the leader appends
+#: nothing after it.
+PROBE_EVERY_S = 1.0
+PROBE_S = 0.02
 
 
 def _gone(exc: TopicMissing) -> LogIdentityError:
@@ -74,6 +92,10 @@ class ProjectorStats:
     batches: int = 0
     dead_letters: int = 0
     conflicts: int = 0
+    #: Records taken from the follower rather than fetched (`PartitionFollower.proven`).
+    handed: int = 0
+    #: Records the reader fetched for owned partitions (some may have been handed over too).
+    fetched: int = 0
     halted: dict[int, str] = field(default_factory=dict)
     owned_since: dict[int, float] = field(default_factory=dict)
 
@@ -138,6 +160,17 @@ class Projector:
         self._stopping = asyncio.Event()
         self._next_ownership = 0.0
         self._facts_in_flight: asyncio.Task[None] | None = None
+        #: Partitions the reader does not fetch now (their follower hands them over).
+        self._parked: frozenset[int] = frozenset()
+        #: Until when (monotonic) a carried partition is fetched anyway: after a hint, a probe.
+        self._fetch_until: dict[int, float] = {}
+        #: Carried partitions whose handed records do not join up with their position.
+        self._unjoined: set[int] = set()
+        self._next_probe = 0.0
+        #: Set when the follower has records to hand over, or a hint came.
+        self._nudge = asyncio.Event()
+        if follower is not None:
+            follower.attach(self._handed)
 
     @property
     def owned(self) -> dict[int, int]:
@@ -149,8 +182,14 @@ class Projector:
         """Partitions whose fetched records wait to commit together, with how many wait."""
         return {p: len(h.records) for p, h in self._held.items()}
 
+    @property
+    def parked(self) -> frozenset[int]:
+        """Partitions the reader does not fetch now: the follower hands their records over."""
+        return self._parked
+
     def stop(self) -> None:
         self._stopping.set()
+        self._nudge.set()
         if self._reader is not None:
             self._reader.wake()  # a reader backed off while idle would finish its wait first
 
@@ -160,9 +199,22 @@ class Projector:
         (`toolledger.projections.hints`). Says whether it owns one."""
         owned = self._owned
         owns = bool(owned) if partitions is None else any(p in owned for p in partitions)
+        if owns and self._parked:
+            until = time.monotonic() + HINTED_S
+            for partition in owned if partitions is None else partitions:
+                if partition in self._parked:
+                    self._fetch_until[partition] = until
+            self._nudge.set()
         if owns and self._reader is not None:
             self._reader.wake()
         return owns
+
+    def _handed(self, partition: int) -> None:
+        """The follower has records of `partition` to hand over (`PartitionFollower.attach`)."""
+        if partition in self._owned:
+            self._nudge.set()
+            if self._reader is not None:
+                self._reader.wake()  # a fetch backed off for other partitions ends its wait
 
     async def run(self) -> None:
         """Project until `stop()`; raises `LogIdentityError` if the log is not the ledger's.
@@ -320,18 +372,103 @@ class Projector:
             await asyncio.sleep(min(self.ownership_interval, 0.05))
             return 0
         wait = self.fetch_wait
-        if self._held:
-            wait = max(0.0, min(wait, min(h.due for h in self._held.values()) - now))
-        batch = await self._reader.fetch(max_wait=wait, max_records=self.batch_size)
+        due = min((h.due for h in self._held.values()), default=None)
+        if due is not None:
+            wait = max(0.0, min(wait, due - now))
+        if self._park(now):
+            batch = await self._nudged(due)
+        else:
+            batch = await self._fetch(wait, due)
         applied = 0
         for partition, records in batch.items():
             if partition in self._owned:
+                self.stats.fetched += len(records)
                 applied += await self._take(partition, records)
+        if self.follower is not None:
+            applied += await self._take_handed()
         if self._held and min(h.due for h in self._held.values()) <= time.monotonic():
             # One round for every held partition once the first is due: fewer wakeups, and
             # a zombie's batches all meet the compare-and-set before its next lock check.
             applied += await self._commit_held()
         return applied
+
+    def _park(self, now: float) -> bool:
+        """Park the partitions the follower carries, unless hinted, probed or unjoined; say
+        whether that is every partition read (the reader has nothing to fetch)."""
+        follower = self.follower
+        if follower is None:
+            return False
+        if now >= self._next_probe:
+            self._next_probe = now + PROBE_EVERY_S
+            for partition in self._parked:
+                self._fetch_until[partition] = now + PROBE_S
+        fetch_until = self._fetch_until
+        parked = frozenset(
+            p
+            for p in self._owned
+            if p not in self._unjoined
+            and fetch_until.get(p, 0.0) <= now
+            and p not in self.stats.halted
+            and follower.carries(p)
+        )
+        if parked != self._parked:
+            assert self._reader is not None
+            self._parked = parked
+            self._reader.park(parked)
+        halted = self.stats.halted
+        return bool(parked) and all(p in parked or p in halted for p in self._owned)
+
+    async def _nudged(self, due: float | None) -> dict[int, list[LogRecord]]:
+        """Every partition read is parked: wait for the follower, a hint, or the next thing
+        due (held records, a probe, an ownership check), whichever comes first."""
+        if not self._nudge.is_set():
+            until = min(self._next_probe, self._next_ownership)
+            if due is not None:
+                until = min(until, due)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout_at(_loop_time(until)):
+                    await self._nudge.wait()
+        self._nudge.clear()
+        return {}
+
+    async def _fetch(self, wait: float, due: float | None) -> dict[int, list[LogRecord]]:
+        """A fetch; one backed off while idle is woken when held records fall due (records
+        the follower handed over are held while other partitions find nothing)."""
+        assert self._reader is not None
+        self._nudge.clear()
+        if due is None or not self._parked:
+            return await self._reader.fetch(max_wait=wait, max_records=self.batch_size)
+        alarm = asyncio.get_running_loop().call_at(_loop_time(due), self._reader.wake)
+        try:
+            return await self._reader.fetch(max_wait=wait, max_records=self.batch_size)
+        finally:
+            alarm.cancel()
+
+    async def _take_handed(self) -> int:
+        """Take what the follower appended and proved since each partition's position, and
+        move the reader past it."""
+        assert self.follower is not None and self._reader is not None
+        applied = 0
+        for partition in list(self._owned):
+            if partition not in self._owned or partition in self.stats.halted:
+                continue
+            records = self.follower.proven(partition, self._position(partition))
+            if records is None:
+                self._unjoined.add(partition)
+                continue
+            self._unjoined.discard(partition)
+            if records:
+                self.stats.handed += len(records)
+                self._reader.skip(partition, records[-1].offset + 1)
+                applied += await self._take(partition, records)
+        return applied
+
+    def _position(self, partition: int) -> int:
+        """The next offset `partition` needs: after its held records, else its stored one."""
+        held = self._held.get(partition)
+        if held is not None and held.records:
+            return held.records[-1].offset + 1
+        return self._owned[partition]
 
     async def _take(self, partition: int, records: list[LogRecord]) -> int:
         """Apply fetched records now, or hold them for the partition's next commit.
@@ -342,6 +479,11 @@ class Projector:
         instead of one per record. Records someone else appended (a foreign writer, who awaits
         the committed verdict) commit at once, with whatever is held before them.
         """
+        position = self._position(partition)
+        if records[0].offset < position:  # fetched after the follower handed them over
+            records = [r for r in records if r.offset >= position]
+            if not records:
+                return 0
         held = self._held.get(partition)
         lingers = self._lingers(partition, records)
         if held is None:
@@ -409,6 +551,7 @@ class Projector:
         await self._reader.assign(
             {p: o for p, o in self._owned.items() if p not in self.stats.halted}
         )
+        self._parked = frozenset()  # an assignment parks nothing
 
     async def _check_identity(self) -> None:
         """On every ownership change: offset 0 still holds the epoch the ledger was built from."""
@@ -540,3 +683,9 @@ class Projector:
                 ("topic", self.log.topic.encode()),
             ]
             await self.dlq.append(letter.run_id or "", letter.payload, headers)
+
+
+def _loop_time(monotonic: float) -> float:
+    """`time.monotonic()` seconds on the running loop's clock (the same clock, by default)."""
+    loop = asyncio.get_running_loop()
+    return loop.time() + (monotonic - time.monotonic())
