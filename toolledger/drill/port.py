@@ -40,7 +40,7 @@ from toolledger.events.models import (
     Event,
 )
 from toolledger.events.records import CallRecord, Verdict
-from toolledger.leader.runtime_port import LeaderPort
+from toolledger.leader.runtime_side.port import LeaderPort
 from toolledger.runtime.forwarding import ForwardingPort
 from toolledger.wiring.stack import LedgerStack
 from toolledger.wiring.stack_port import StackPort

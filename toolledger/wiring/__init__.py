@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from toolledger.events.payloads import PayloadLimits
     from toolledger.events.signing import VerifyKeys
-    from toolledger.leader.runtime_port import LeaderPort
+    from toolledger.leader.runtime_side.port import LeaderPort
     from toolledger.settings import Settings
     from toolledger.wiring.stack import LedgerStack
     from toolledger.wiring.stack_port import StackPort

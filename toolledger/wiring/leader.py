@@ -5,7 +5,7 @@ no other part of the codebase knows leaders exist:
 
 - `start_leader` gives a projector process its `LeaderServer` (the projector's
   `PartitionFollower`) unless `TOOLLEDGER_LEADER_LISTEN=off`, with TLS when the projector's
-  settings name its certificate (`toolledger.leader.tls`).
+  settings name its certificate (`toolledger.leader.runtime_side.tls`).
 - `leader_port` gives a runtime on Kafka and PostgreSQL its port: a `LeaderPort` over the
   direct path with `TOOLLEDGER_LEADER=auto` (the default), else the direct path. With no
   leader registered a `LeaderPort` behaves as the direct path; the embedded (memory) stack
@@ -24,11 +24,12 @@ import logging
 
 from toolledger.events.log import EventLog
 from toolledger.events.signing import VerifyKeys
-from toolledger.leader.client import LeaderDirectory
-from toolledger.leader.provenance import LeaderReads
-from toolledger.leader.runtime_port import LeaderPort
-from toolledger.leader.server import LeaderServer
-from toolledger.leader.tls import ClientTLS, is_loopback, server_context
+from toolledger.leader.projector_side.listener import LeaderServer
+from toolledger.leader.projector_side.reads import LeaderReads
+from toolledger.leader.projector_side.tls import is_loopback, server_context
+from toolledger.leader.runtime_side.connection import LeaderDirectory
+from toolledger.leader.runtime_side.port import LeaderPort
+from toolledger.leader.runtime_side.tls import ClientTLS
 from toolledger.settings import ProjectorSettings, Settings, load_settings
 from toolledger.wiring.stack_port import StackPort
 

@@ -2,11 +2,11 @@
 
 Reservations (with the read of their key, `read_or_reserve`: one round trip), a runtime's
 outcomes, abandons, run events and the fast-path read of a key go to the leader of the run's
-partition (`toolledger.leader.server`): the leader appends, proves the offset and answers with
-the verdict, so such a call needs no Kafka producer of its own, no LISTEN and no PostgreSQL
-read. Everything else (listings, runs, operator events, payload blobs)
-and every request the leader cannot serve takes the direct path, the `StackPort` this port
-wraps, unchanged. The port's promises (`toolledger.runtime.port`) hold on both paths.
+partition (`toolledger.leader.projector_side.listener`): the leader appends, proves the offset
+and answers with the verdict, so such a call needs no Kafka producer of its own, no LISTEN and
+no PostgreSQL read. Everything else (listings, runs, operator events, payload blobs) and every
+request the leader cannot serve takes the direct path, the `StackPort` this port wraps,
+unchanged. The port's promises (`toolledger.port`) hold on both paths.
 
 An accelerator, never a dependency:
 
@@ -45,15 +45,15 @@ import uuid
 from collections import Counter
 from collections.abc import Collection
 
+from toolledger.errors import LedgerUnavailable
 from toolledger.events.codec import encode
 from toolledger.events.log import partition_for
 from toolledger.events.models import CallReserved, Event
 from toolledger.events.payloads import PayloadLimits
 from toolledger.events.records import CallRecord, RunRecord, Verdict
-from toolledger.leader.client import LeaderDirectory
-from toolledger.leader.frames import Frame, Kind
-from toolledger.leader.server import runtime_may_append
-from toolledger.runtime.port import CallQuery, LedgerUnavailable, NothingReserved, RuntimePort
+from toolledger.leader.runtime_side.connection import LeaderDirectory
+from toolledger.leader.runtime_side.frames import Frame, Kind, runtime_may_append
+from toolledger.port import CallQuery, NothingReserved, RuntimePort
 from toolledger.wiring.stack import LedgerStack
 from toolledger.wiring.stack_port import StackPort
 

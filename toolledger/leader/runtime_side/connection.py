@@ -21,7 +21,8 @@ import itertools
 import logging
 import time
 
-from toolledger.leader.frames import (
+from toolledger.leader.projector_side.reads import LeaderReads
+from toolledger.leader.runtime_side.frames import (
     DEFAULT_MAX_BODY,
     Frame,
     FrameError,
@@ -30,8 +31,7 @@ from toolledger.leader.frames import (
     encode_frame,
     read_frame,
 )
-from toolledger.leader.provenance import LeaderReads
-from toolledger.leader.tls import ClientTLS, client_options
+from toolledger.leader.runtime_side.tls import ClientTLS, client_options
 from toolledger.projections.dberrors import database_errors
 
 log = logging.getLogger("toolledger.leader")
