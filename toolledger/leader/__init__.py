@@ -13,5 +13,7 @@ fast path") tells the design. The package is split by the process each side runs
 - `projector_side`: the leader itself: `LeaderServer` (`listener`), the appender, the
   partition's fold with known provenance and its reads (`reads`), the leader's TLS.
 
-Settings switch it on in `toolledger.wiring.leader`, the one place the rest of the code meets it.
+Settings switch it on in `toolledger.wiring.leader` (a runtime's `LeaderPort`) and
+`toolledger.wiring.projector_leader` (a projector's `LeaderServer`), the only places the rest of
+the code meets it.
 """
