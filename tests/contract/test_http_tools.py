@@ -14,6 +14,7 @@ slept on, to put a call past its deadline or its replay window.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -28,11 +29,14 @@ from tests.http_tools import REPLAY_WINDOW, look_up_charge, refund, refund_undec
 from tests.integration.procs import until
 from tests.isolated import Isolated
 from toolledger import Tool, ToolCallFailed, ToolCallIndeterminate
+from toolledger.events.models import CallCompleted, Event
 from toolledger.events.payloads import PayloadLimits
-from toolledger.events.records import CallRecord
+from toolledger.events.records import CallRecord, Verdict
 from toolledger.http.fake import FakePayments
 from toolledger.processors.reconciler import Reconciler
+from toolledger.processors.schedule import ReconcilePolicy, is_due
 from toolledger.runtime.resend import ResendWindowPassed
+from toolledger.wiring.stack import LedgerStack
 from toolledger.wiring.stack_port import StackPort
 
 REFUND = {"charge": "ch_1", "amount": 2500, "memo": ""}
@@ -40,6 +44,20 @@ UNDECLARED = {"charge": "ch_1", "amount": 2500}
 KEY = "r1:c1"
 #: Arguments over 2 KB travel by reference, so a memo can put a call's arguments in a blob.
 LIMITS = PayloadLimits(inline_bytes=2048, max_bytes=3 * 1024 * 1024)
+
+
+class CompletionHeld(StackPort):
+    """A port that holds every `CallCompleted` until `release` is set: a resend's attempt is
+    in the ledger, and the completion it heard is still on its way to the projector."""
+
+    def __init__(self, stack: LedgerStack) -> None:
+        super().__init__(stack)
+        self.release = asyncio.Event()
+
+    async def append_and_await(self, event: Event, timeout: float) -> Verdict:
+        if isinstance(event, CallCompleted):
+            await self.release.wait()
+        return await super().append_and_await(event, timeout)
 
 
 class HttpToolScenarios:
@@ -125,6 +143,38 @@ class HttpToolScenarios:
         assert outcome.replayed and outcome.value is not None
         assert outcome.value.id == next(iter(api.refunds))
         assert len(api.posts()) == 2, "a completed key must not be sent again"
+
+    async def test_a_scan_while_a_resend_records_its_answer_does_not_resend_the_key(
+        self, h: Harness, api: FakePayments
+    ) -> None:
+        """A resend records two versions, its attempt and then the completion it heard. A scan
+        that sees the attempt's version due (its backoff over) while the completion is still on
+        its way must not resend the key again: under load the reconciler did, a third request
+        for one refund and a second attempt rejected in the key's history."""
+        api.script.append("drop")
+        with pytest.raises(ToolCallIndeterminate):
+            await self.call(h, refund, REFUND)
+        port = CompletionHeld(h.stack)
+        reconciler = Reconciler(
+            {refund.name: refund}, port, clock=h.clock, read_call=h.stack.store.get_call
+        )
+        assert reconciler.scan([await h.record(KEY)]) == 1
+
+        async def attempted() -> CallRecord | None:
+            record = await h.stack.store.get_call(KEY)
+            return record if record is not None and record.reconcile_attempts == 1 else None
+
+        between = await until(attempted, timeout=15, what="the resend's attempt in the ledger")
+        h.clock.advance(ReconcilePolicy().max_backoff.total_seconds())
+        assert is_due(between, reconciler.policy, h.clock())
+        assert reconciler.scan([between]) == 0, "resent while its first resend was recording"
+        port.release.set()
+        await until(lambda: reconciler.busy == 0, timeout=15, what="the resend to finish")
+        record = await h.record(KEY, "completed")
+        assert record.reconcile_attempts == 1 and len(api.refunds) == 1
+        assert len(api.posts()) == 2
+        history = await h.stack.store.history(KEY)
+        assert [e.event_type for e in history if not e.accepted] == []
 
     async def test_past_the_window_the_unknown_refund_stays_for_the_operator(
         self, h: Harness, api: FakePayments

@@ -82,12 +82,24 @@ async def killed_mid_request(h: Harness, api: FakePayments) -> CallRecord:
     return await h.record(KEY, "started")
 
 
-async def assert_one_refund_heard(h: Harness, api: FakePayments) -> None:
+async def assert_one_refund_heard(h: Harness, api: FakePayments, reconciler_log: str = "") -> None:
     record = await h.record(KEY, "completed")
     assert record.settled_by == "reconcile"
     outcome = await h.call(refund, "c1", arguments=ARGUMENTS)
     assert outcome.value is not None and outcome.value.id in api.refunds
-    assert len(api.refunds) == 1 and len(api.posts()) == 2
+    assert len(api.refunds) == 1 and len(api.posts()) == 2, await sequence(h, api, reconciler_log)
+
+
+async def sequence(h: Harness, api: FakePayments, reconciler_log: str) -> str:
+    """What happened to the key, for a failure: the requests the fake got, the key's history
+    (each resend is an attempt there), and the reconciler's last lines."""
+    lines = [f"{len(api.posts())} POSTs, refunds {sorted(api.refunds)}; history of {KEY}:"]
+    lines += [
+        f"  {e.occurred_at:%H:%M:%S.%f} {e.event_type} by {e.actor}: "
+        f"{'accepted' if e.accepted else e.reason} (v{e.version})"
+        for e in await h.stack.store.history(KEY)
+    ]
+    return "\n".join([*lines, reconciler_log[-3000:]])
 
 
 async def test_a_runtime_killed_mid_request_is_settled_by_one_resend(
@@ -140,4 +152,4 @@ async def test_the_reconciler_process_resends_the_killed_runtimes_refund(
         await until(settled, timeout=refund.budget + 60, what="the reconciler's resend")
     finally:
         procs.close()
-    await assert_one_refund_heard(h, api)
+    await assert_one_refund_heard(h, api, reconciler.log_path.read_text(errors="replace"))

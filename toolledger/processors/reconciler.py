@@ -26,8 +26,12 @@ Correctness does not rest on this process. The decider accepts a finding only fo
 reservation at the expected version, so two reconcilers (a rebalance, a misconfigured second
 group), a finding that lands after an operator resolved the call, or one that lands after the
 runtime reserved the key again, are rejected and kept in the key's history as evidence. The
-in-memory bookkeeping below (which (key, version) pairs were already asked) only saves work: one
-question per record version per process.
+in-memory bookkeeping below saves work and noise: one question per record version per process,
+and never two at once about one key. A resend records two versions, its attempt and then the
+finding it heard; the table can show the attempt's version, due once its backoff is over, while
+the question that made it is still waiting for its finding's verdict, and asking about that
+version would send the key again to learn what is already on its way (a second request, and a
+rejected attempt in the key's history).
 
 Each question is a `toolledger.reconcile` span. Given `read_history` (the CLI passes it when a
 tracer provider is configured), the span joins the call's trace: its parent is the trace context
@@ -118,7 +122,8 @@ class Reconciler:
     """Asks hooks about due calls and appends their findings; knows nothing about faust.
 
     `scan(records)` is called with the current table contents of the partitions this process
-    owns; it starts at most `concurrency` questions at a time, one per (key, version).
+    owns; it starts at most `concurrency` questions at a time, one per (key, version), and none
+    about a key while a question about it is in flight (`_running` is by key).
     """
 
     def __init__(
@@ -145,7 +150,7 @@ class Reconciler:
         self.retry_after = retry_after
         self.concurrency = concurrency
         self.clock = clock
-        self._running: dict[tuple[str, int], asyncio.Task[None]] = {}
+        self._running: dict[str, asyncio.Task[None]] = {}
         self._asked: set[tuple[str, int]] = set()
         self._retry_at: dict[tuple[str, int], float] = {}
         self._exhausted: set[tuple[str, int]] = set()
@@ -162,7 +167,7 @@ class Reconciler:
         for record in records:
             mark = (record.key, record.version)
             seen.add(mark)
-            if mark in self._asked or mark in self._running:
+            if mark in self._asked or record.key in self._running:
                 continue
             if self._retry_at.get(mark, 0.0) > time.monotonic():
                 continue
@@ -187,7 +192,7 @@ class Reconciler:
                 continue
             if len(self._running) >= self.concurrency:
                 continue  # not `break`: every record must reach `seen` below
-            self._running[mark] = asyncio.create_task(
+            self._running[record.key] = asyncio.create_task(
                 self._attempt(record, tool), name=f"reconcile {record.key} v{record.version}"
             )
             started += 1
@@ -249,7 +254,7 @@ class Reconciler:
             log.exception("reconciling %s failed; asking again later", record.key)
             self._retry_at[mark] = time.monotonic() + self.retry_after
         finally:
-            self._running.pop(mark, None)
+            self._running.pop(record.key, None)
 
     async def _reservation_context(self, record: CallRecord) -> Context | None:
         """The trace context `record`'s reservation carried, from the key's history."""
