@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from toolledger import devstack
+from toolledger.dev.postgres import start_embedded_postgres
 from toolledger.devstack import (
     DevStack,
     Service,
@@ -133,9 +134,7 @@ def open_services(
         if private_postgres:
             pg_home = home / "postgres-server"
             (pg_home / devstack.STATE_DIR).mkdir(parents=True, exist_ok=True)
-            # The dev stack's embedded start is what a drill needs too (initdb, the system
-            # user PostgreSQL wants when run by root, a free port); it is not public API yet.
-            service = devstack._start_embedded_postgres(pg_home / devstack.STATE_DIR, 60.0)
+            service = start_embedded_postgres(pg_home / devstack.STATE_DIR, 60.0)
             private = PrivatePostgres(service, pg_home / devstack.STATE_DIR)
             services._stops.append(private.stop)
             services.postgres = private
