@@ -105,7 +105,7 @@ class Services:
 
 def dev_kafka_choice(value: str | None = None) -> KafkaKind | None:
     """The broker asked for: `value` (a command-line option), else `TOOLLEDGER_DEV_KAFKA`,
-    else None (reuse whatever runs; start tansu if nothing does)."""
+    else None (reuse whatever runs; else what the checkout ran before; else tansu)."""
     chosen = value if value is not None else os.environ.get(DEV_KAFKA_ENV) or None
     if chosen is None:
         return None
@@ -181,7 +181,7 @@ class DevStack:
         self.state_path = self.home / "state.json"
         self.startup_timeout = startup_timeout
         self.local_postgres_url = local_postgres_url
-        #: The broker asked for; None reuses whatever runs, and starts tansu if nothing does.
+        #: The broker asked for; None reuses whatever runs, else `_default_kafka`.
         self.kafka = kafka
         self.progress = progress
         self._started: list[Service] = []
@@ -280,12 +280,17 @@ class DevStack:
         reusable = previous is not None and previous.started_by_us and previous.is_running()
         if previous is not None and reusable and wanted in (None, previous.source):
             return previous
-        if (wanted or "tansu") == "apache":
+        if (wanted or self._default_kafka()) == "apache":
             service = start_apache_kafka(self.home, self.startup_timeout, progress=self.progress)
         else:
             service = start_tansu(self.home, self.startup_timeout)
         started.append(service)
         return service
+
+    def _default_kafka(self) -> KafkaKind:
+        """With no broker asked for: Apache Kafka if this checkout ran it before (its data is
+        kept, so `dev down` then `dev up` gives it back), else tansu, the quick one."""
+        return "apache" if (self.home / "kafka" / "data" / "meta.properties").exists() else "tansu"
 
     def kafka_kind(self) -> KafkaKind | None:
         """The kind of broker the recorded stack started (None: none, or one from the env)."""
