@@ -15,6 +15,7 @@ PYTEST_ARGS ?=
 # the quick local broker, so it keeps working.
 DEV_KAFKA ?= apache
 TANSU_LANE_ARGS ?= -m both_brokers
+PEERS_ARGS ?=
 
 .PHONY: help venv lint test lane pytest demo bench bench-peers clean
 
@@ -25,7 +26,8 @@ help:
 	@echo "make pytest  the whole test suite against the dev stack, without lint (DEV_KAFKA=tansu|apache)"
 	@echo "make demo    the billing demo on the embedded ledger; installs only the base package"
 	@echo "make bench   the benchmarks"
-	@echo "make bench-peers  toolledger, Restate and DBOS side by side (installs the peers under .toolledger/peers)"
+	@echo "make bench-peers  toolledger, Restate and DBOS side by side (installs the peers under .toolledger/peers;"
+	@echo "             DEV_KAFKA=apache|tansu: the broker toolledger's rows run on)"
 	@echo "make clean   stop the dev stack, remove caches and build output (keeps .venv)"
 
 venv: $(STAMP)
@@ -99,7 +101,7 @@ PEERS := .toolledger/peers
 RESTATE_SERVER := 1.7.12
 
 bench-peers: venv $(PEERS)/.installed
-	$(BIN)/python -m benchmarks.peers
+	$(BIN)/python -m benchmarks.peers --kafka $(DEV_KAFKA) $(PEERS_ARGS)
 
 $(PEERS)/.installed: benchmarks/peers/requirements.txt
 	mkdir -p $(PEERS)
