@@ -41,8 +41,9 @@ from toolledger.events.models import (
     Event,
 )
 from toolledger.events.records import CallRecord, Verdict
-from toolledger.leader.runtime_port import LeaderPort
+from toolledger.leader.runtime_side.port import LeaderPort
 from toolledger.runtime.forwarding import ForwardingPort
+from toolledger.wiring.leader import StackLeaderPort
 from toolledger.wiring.stack import LedgerStack
 from toolledger.wiring.stack_port import StackPort
 
@@ -110,7 +111,7 @@ class DrillPort(ForwardingPort):
 
     def __init__(
         self,
-        inner: LeaderPort | StackPort,
+        inner: StackLeaderPort | StackPort,
         kill_points: KillPoints,
         verdicts: VerdictRecord,
         acked: AckRecord | None = None,
