@@ -123,7 +123,7 @@ class Reconciler:
 
     `scan(records)` is called with the current table contents of the partitions this process
     owns; it starts at most `concurrency` questions at a time, one per (key, version), and none
-    about a key while a question about it is in flight (`_running` is by key).
+    about a key while a question about it is in flight.
     """
 
     def __init__(
@@ -150,7 +150,7 @@ class Reconciler:
         self.retry_after = retry_after
         self.concurrency = concurrency
         self.clock = clock
-        self._running: dict[str, asyncio.Task[None]] = {}
+        self._running: dict[tuple[str, int], asyncio.Task[None]] = {}
         self._asked: set[tuple[str, int]] = set()
         self._retry_at: dict[tuple[str, int], float] = {}
         self._exhausted: set[tuple[str, int]] = set()
@@ -164,10 +164,14 @@ class Reconciler:
         now = self.clock()
         seen: set[tuple[str, int]] = set()
         started = 0
+        # By key, not by version: an attempt in flight moves its own call to a new version (its
+        # `reconcile_attempted`), which must not start a second question while the first still
+        # records what it found (a second resend of a refund came 1 s after the first).
+        asking = {key for key, _ in self._running}
         for record in records:
             mark = (record.key, record.version)
             seen.add(mark)
-            if mark in self._asked or record.key in self._running:
+            if mark in self._asked or record.key in asking:
                 continue
             if self._retry_at.get(mark, 0.0) > time.monotonic():
                 continue
@@ -192,9 +196,10 @@ class Reconciler:
                 continue
             if len(self._running) >= self.concurrency:
                 continue  # not `break`: every record must reach `seen` below
-            self._running[record.key] = asyncio.create_task(
+            self._running[mark] = asyncio.create_task(
                 self._attempt(record, tool), name=f"reconcile {record.key} v{record.version}"
             )
+            asking.add(record.key)
             started += 1
         # Forget versions that are gone from the table: the fact of their finding has arrived.
         self._asked &= seen
@@ -254,7 +259,7 @@ class Reconciler:
             log.exception("reconciling %s failed; asking again later", record.key)
             self._retry_at[mark] = time.monotonic() + self.retry_after
         finally:
-            self._running.pop(record.key, None)
+            self._running.pop(mark, None)
 
     async def _reservation_context(self, record: CallRecord) -> Context | None:
         """The trace context `record`'s reservation carried, from the key's history."""
