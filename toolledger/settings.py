@@ -144,6 +144,21 @@ class Settings(BaseSettings):
         description="Largest payload recorded at all; a larger result leaves its call "
         "indeterminate with an error naming the limit.",
     )
+    resume_max_attempts: int = Field(
+        default=5,
+        ge=1,
+        le=1000,
+        description="Resumers: how often a paused run's resume hook may raise, with back-off "
+        "between tries, before the run is marked with the error (`run_resume_failed`: the API, "
+        "the console and /metrics show it) and left until a resumer starts again.",
+    )
+    resume_backoff_s: float = Field(
+        default=1.0,
+        gt=0,
+        le=3600,
+        description="Resumers: seconds before a failed resume hook is called again; doubled "
+        "after each failure, at most 60 times it.",
+    )
     leader: Literal["auto", "off"] = Field(
         default="auto",
         description="Runtimes: `auto` (the default) sends reads, reservations, outcomes and "

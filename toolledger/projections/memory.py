@@ -156,7 +156,7 @@ class MemoryLedger(LedgerStore):
         return select_calls(calls.values(), query)
 
     async def call_stats(self, now: datetime, older_than: Sequence[float]) -> CallStats:
-        return count_calls(self._fold.calls.values(), now, older_than)
+        return count_calls(self._fold.calls.values(), now, older_than, self._fold.runs.values())
 
     async def status_counts(self, tenant_id: str | None, deadline_before: datetime) -> StatusCounts:
         return count_statuses(self._fold.calls.values(), tenant_id, deadline_before)

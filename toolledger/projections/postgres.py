@@ -117,6 +117,7 @@ _LIST_RUNS = _select(
     "runs",
     _RUN_COLUMNS,
     "WHERE status = ANY($1::text[]) AND ($2::text IS NULL OR tenant_id = $2) "
+    "AND (NOT $4::boolean OR resume_error IS NOT NULL) "
     "ORDER BY updated_at NULLS FIRST, run_id LIMIT $3",
 )
 _VERDICTS = VERDICTS_BY_ID
@@ -176,6 +177,7 @@ _MARK_FACTS_PUBLISHED = (
 )
 
 _COUNT_BY_STATUS = "SELECT status, count(*) AS n FROM tool_executions GROUP BY status"
+_COUNT_RESUME_FAILED = "SELECT count(*) FROM runs WHERE resume_error IS NOT NULL"
 _COUNT_TENANT = (
     "SELECT status, count(*) AS n, count(*) FILTER (WHERE deadline < $2) AS overdue "
     "FROM tool_executions WHERE $1::text IS NULL OR tenant_id = $1 GROUP BY status"
@@ -682,9 +684,14 @@ class PostgresLedger(LedgerStore):
         return None if row is None else RunRecord.model_validate(dict(row))
 
     async def list_runs(
-        self, statuses: Collection[str], tenant_id: str | None = None, limit: int = 500
+        self,
+        statuses: Collection[str],
+        tenant_id: str | None = None,
+        limit: int = 500,
+        *,
+        resume_failed: bool = False,
     ) -> list[RunRecord]:
-        rows = await self._db.fetch(_LIST_RUNS, sorted(statuses), tenant_id, limit)
+        rows = await self._db.fetch(_LIST_RUNS, sorted(statuses), tenant_id, limit, resume_failed)
         return [RunRecord.model_validate(dict(row)) for row in rows]
 
     async def history(self, key: str) -> list[HistoryEntry]:
@@ -706,7 +713,8 @@ class PostgresLedger(LedgerStore):
         )
         for row in rows:
             unsettled[(row["status"], float(row["bound"]))] = int(row["n"])
-        return CallStats(by_status=by_status, unsettled=unsettled)
+        resume_failed = await self._db.fetchval(_COUNT_RESUME_FAILED)
+        return CallStats(by_status=by_status, unsettled=unsettled, resume_failed=resume_failed)
 
     async def status_counts(self, tenant_id: str | None, deadline_before: datetime) -> StatusCounts:
         rows = await self._db.fetch(_COUNT_TENANT, tenant_id, deadline_before)
