@@ -25,7 +25,7 @@ run, so a model retrying with a new call id cannot charge twice.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -43,7 +43,7 @@ from toolledger.runtime.errors import RunSuperseded
 from toolledger.runtime.ledger import Ledger
 from toolledger.runtime.pipeline import identity
 from toolledger.runtime.policy import Hold, decide
-from toolledger.runtime.tools import Tool, Toolset
+from toolledger.runtime.tools import ToolsArg, tools_by_name
 
 Message = dict[str, Any]
 Transcript = list[Message]
@@ -106,7 +106,7 @@ class AgentRun:
         run_id: str,
         tenant_id: str,
         agent: AgentConfig,
-        tools: Iterable[Tool[Any, Any]] | Toolset,
+        tools: ToolsArg,
         model: Model,
     ) -> None:
         self.ledger = ledger
@@ -115,7 +115,7 @@ class AgentRun:
         self.tenant_id = tenant_id
         self.agent = agent
         self.policy = agent.tool_policy
-        self.tools = {tool.name: tool for tool in tools}
+        self.tools = tools_by_name(tools)
         self.model = model
         self.version = 0
         self.transcript: Transcript = []
