@@ -25,6 +25,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 from typing import Annotated, Literal, TypeVar, overload
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -206,6 +207,26 @@ class Settings(BaseSettings):
         description="Runtimes: the DNS name checked on every leader's certificate. Unset: the "
         "IP the leader registered, which its certificate must carry as an IP address SAN.",
     )
+
+    @field_validator("database_url")
+    @classmethod
+    def _database_url_ok(cls, value: str | None) -> str | None:
+        """A URL asyncpg can connect with; a malformed one is a setting to fix, not an outage.
+        The value is never repeated in the message: it may hold a password."""
+        if value is None or not value.strip():
+            return None
+        parts = urlsplit(value.strip())
+        example = "postgresql://user:password@host:5432/database"
+        if parts.scheme not in ("postgresql", "postgres") or not value.strip().startswith(
+            f"{parts.scheme}://"
+        ):
+            raise ValueError(f"must be a PostgreSQL URL such as {example}")
+        try:
+            if "," not in parts.netloc:  # asyncpg also takes host1:port1,host2:port2
+                parts.port  # noqa: B018 -- parsing it is the check
+        except ValueError:
+            raise ValueError(f"has a port that is not a number (expected {example})") from None
+        return value.strip()
 
     @field_validator("leader_listen")
     @classmethod

@@ -167,7 +167,7 @@ def _default_tokens(store: LedgerStore, settings: OperatorSettings) -> TokenStor
     if isinstance(store, PostgresLedger):
         if not settings.database_url:
             raise ConfigError("TOOLLEDGER_DATABASE_URL must be set: API tokens live in PostgreSQL")
-        return PostgresTokens(settings.database_url, store.schema)
+        return PostgresTokens(settings.database_url, store.schema, create=False)
     return MemoryTokens()
 
 

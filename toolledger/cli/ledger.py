@@ -93,7 +93,9 @@ async def _store(settings: Settings, schema: str | None = None) -> PostgresLedge
     keys = VerifyKeys()
     if schema is not None and isinstance(settings, ProjectorSettings):
         keys = settings.require_verify_keys()
-    store = PostgresLedger(database_url, schema or settings.schema_name, verify_keys=keys)
+    store = PostgresLedger(
+        database_url, schema or settings.schema_name, verify_keys=keys, create=schema is not None
+    )
     await store.start()
     return store
 

@@ -462,8 +462,10 @@ class PostgresLedger(LedgerStore):
         verify_keys: VerifyKeys | None = None,
         pool_size: int = 4,
         synchronous_apply: bool = False,
+        create: bool = True,
     ) -> None:
         self._dsn = dsn
+        self._create = create
         self._synchronous_apply = synchronous_apply
         self._small = _SMALL if synchronous_apply else _SMALL_RELAXED
         self._known: dict[int, _Known] = {}
@@ -500,8 +502,12 @@ class PostgresLedger(LedgerStore):
                 init=_init_connection,
                 reset=_keep_session,
             )
-        async with self._pool.acquire() as conn:
-            await migrate(conn, self._schema)
+        try:
+            async with self._pool.acquire() as conn:
+                await migrate(conn, self._schema, create=self._create)
+        except BaseException:
+            await self.close()
+            raise
 
     async def close(self) -> None:
         """Close the pool: gracefully within `CLOSE_TIMEOUT`, else by terminating it (a
