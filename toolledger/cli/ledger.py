@@ -235,7 +235,11 @@ def replay_command(into: str | None, verify: bool, processes: int) -> None:
         database_url, bootstrap = settings.require_services()
         log = KafkaLog(bootstrap, settings.events_topic)
         await log.start()
-        live = await _store(settings)
+        try:
+            live = await _store(settings)
+        except BaseException:
+            await log.close()  # no producer left for the garbage collector to complain about
+            raise
         fresh: LedgerStore | None = None
         try:
             fresh = await _store(settings, into) if into else MemoryLedger(verify_keys=keys)
@@ -351,7 +355,11 @@ def audit_command(
         _, bootstrap = settings.require_services()
         log = KafkaLog(bootstrap, settings.events_topic)
         await log.start()
-        store = await _store(settings)
+        try:
+            store = await _store(settings)
+        except BaseException:
+            await log.close()
+            raise
         try:
             if as_of is not None:
                 return await _as_of(log, settings, as_of, into, key)

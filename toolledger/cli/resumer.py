@@ -67,6 +67,11 @@ async def _run(spec: str, group: str | None, session_timeout: float) -> None:
     help="The resume hook, as module:function; the module must be importable here: installed, "
     "or a package under the working directory.",
 )
+@click.option(
+    "--check",
+    is_flag=True,
+    help="Only import the hook and say whether it loads (`toolledger server` runs this first).",
+)
 @click.option("--group", default=None, help="Consumer group (default: per topic prefix).")
 @click.option(
     "--session-timeout",
@@ -74,7 +79,14 @@ async def _run(spec: str, group: str | None, session_timeout: float) -> None:
     show_default=True,
     help="Kafka group session timeout in seconds.",
 )
-def resumer(spec: str, group: str | None, session_timeout: float) -> None:
+def resumer(spec: str, check: bool, group: str | None, session_timeout: float) -> None:
     """Resume paused runs when the call they wait on is settled (facts topic, faust)."""
+    if check:
+        require("server", "this command", PROCESSORS)
+        from toolledger.processors.resumer import load_hook
+
+        load_hook(spec)
+        click.echo(f"resume hook {spec} loads")
+        return
     configure_logging(logging.INFO)
     asyncio.run(_run(spec, group, session_timeout))
