@@ -16,7 +16,8 @@ import pytest
 from tests import builders as b
 from tests.integration.procs import run_toolledger_async
 from tests.isolated import Isolated, child_env
-from toolledger.settings import ConfigError, Settings, load_settings
+from toolledger.errors import ConfigError
+from toolledger.settings import Settings, load_settings
 
 
 def _env(isolated: Isolated, database_url: str) -> dict[str, str]:

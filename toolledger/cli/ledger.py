@@ -23,6 +23,7 @@ from toolledger.cli.entry import ExitStatus
 from toolledger.events.fold import HistoryEntry, broken_chains
 from toolledger.events.records import UNSETTLED
 from toolledger.events.signing import VerifyKeys
+from toolledger.port import CallQuery
 from toolledger.projections.memory import MemoryLedger
 from toolledger.projections.replay import (
     ReplayReport,
@@ -32,7 +33,6 @@ from toolledger.projections.replay import (
     replay,
 )
 from toolledger.projections.store import LedgerStore
-from toolledger.runtime.port import CallQuery
 from toolledger.settings import ProjectorSettings, Settings, load_settings
 
 if TYPE_CHECKING:

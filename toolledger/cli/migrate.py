@@ -20,8 +20,9 @@ from toolledger.cli.entry import console
 async def _migrate() -> tuple[str, list[int], int]:
     import asyncpg
 
+    from toolledger.errors import ConfigError
     from toolledger.projections.migrations import load_migrations, migrate
-    from toolledger.settings import ConfigError, load_settings
+    from toolledger.settings import load_settings
 
     settings = load_settings()
     if not settings.database_url:
