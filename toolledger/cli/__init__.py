@@ -41,6 +41,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "toolledger.cli.server:server",
         "Run every server role: projector, reconciler, resumer, API and console (TOOLLEDGER_*).",
     ),
+    "status": (
+        "toolledger.cli.status:status",
+        "Show a running deployment: partitions, owners, leaders, lag, halts, paused runs.",
+    ),
     "projector": (
         "toolledger.cli.projector:projector",
         "Fold toolledger.events into the PostgreSQL ledger (configured by TOOLLEDGER_*).",

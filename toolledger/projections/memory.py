@@ -58,6 +58,8 @@ class MemoryLedger(LedgerStore):
         self._published: dict[int, int] = {}
         self._registered = VerifyKeys()
         self._blobs: dict[str, bytes] = {}
+        #: Halted partitions and why (`record_halt`): nobody outside this process reads them.
+        self.halts: dict[int, str] = {}
 
     @property
     def fold(self) -> LedgerFold:
@@ -154,6 +156,12 @@ class MemoryLedger(LedgerStore):
             keys = self._keys_by_run.get(query.run_id, {})
             return select_calls((calls[k] for k in keys), query)
         return select_calls(calls.values(), query)
+
+    async def record_halt(self, partition: int, offset: int, reason: str | None) -> None:
+        if reason is None:
+            self.halts.pop(partition, None)
+        else:
+            self.halts[partition] = reason
 
     async def call_stats(self, now: datetime, older_than: Sequence[float]) -> CallStats:
         return count_calls(self._fold.calls.values(), now, older_than, self._fold.runs.values())

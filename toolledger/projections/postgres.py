@@ -177,6 +177,10 @@ _MARK_FACTS_PUBLISHED = (
 )
 
 _COUNT_BY_STATUS = "SELECT status, count(*) AS n FROM tool_executions GROUP BY status"
+_HALTED = "UPDATE projection_offsets SET halted = $3 WHERE partition = $1 AND next_offset = $2"
+_HALT_CLEARED = (
+    "UPDATE projection_offsets SET halted = NULL WHERE partition = $1 AND halted IS NOT NULL"
+)
 _COUNT_RESUME_FAILED = "SELECT count(*) FROM runs WHERE resume_error IS NOT NULL"
 _COUNT_TENANT = (
     "SELECT status, count(*) AS n, count(*) FILTER (WHERE deadline < $2) AS overdue "
@@ -527,6 +531,12 @@ class PostgresLedger(LedgerStore):
                 f"the PostgreSQL ledger ({self._schema}) is not started: await start()"
             )
         return self._pool
+
+    async def record_halt(self, partition: int, offset: int, reason: str | None) -> None:
+        if reason is None:
+            await self._db.execute(_HALT_CLEARED, partition)
+        else:  # only while the row is still at the halt: an owner since then has moved it
+            await self._db.execute(_HALTED, partition, offset, reason)
 
     async def bind_log(self, identity: LogIdentity) -> dict[int, PartitionState]:
         async with self._db.acquire() as conn, conn.transaction():

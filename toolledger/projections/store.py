@@ -277,6 +277,11 @@ class LedgerStore(ABC):
         return count_statuses((await self.snapshot()).calls.values(), tenant_id, deadline_before)
 
     @abstractmethod
+    async def record_halt(self, partition: int, offset: int, reason: str | None) -> None:
+        """Record that this process's projector halted `partition` at `offset` and why (None:
+        it is not halted), for `toolledger status`; the fold never reads it."""
+
+    @abstractmethod
     async def register_verify_keys(self) -> VerifyKeys:
         """Register `verify_keys` as this ledger's projectors' key set; the set afterwards.
 
