@@ -121,7 +121,7 @@ def test_the_image_holds_the_example_tools_and_the_server_extra() -> None:
     """The compose file's default TOOLLEDGER_TOOLS is an example module: the image must have
     it, and the server role's dependencies (faust, FastAPI, uvicorn, Jinja2)."""
     dockerfile = (COMPOSE.parent / "Dockerfile").read_text()
-    assert "COPY examples ./examples" in dockerfile
+    assert "COPY toolledger ./toolledger" in dockerfile  # toolledger.examples among it
     assert re.search(r"pip install [^\n]*\.\[server\]", dockerfile)
 
 
