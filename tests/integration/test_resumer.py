@@ -137,6 +137,9 @@ async def test_a_resume_hook_that_raises_is_retried_and_the_resumer_goes_on(
             assert "resume hook failed for run r1 (waiting on r1:c1), attempt 3 of 5" in out
             assert "RuntimeError: the host's model is unreachable (call 1)" in out
             assert "Crashed" not in out
+            resumer.signal(signal.SIGTERM)  # the hook closed its ledger: nothing left open
+            assert await resumer.wait_exit(timeout=30) == 0
+            assert "Unclosed" not in resumer.output()
     finally:
         procs.close()
 
