@@ -43,6 +43,16 @@ _TLS_CERTIFICATES = (
     "leader_tls_runtime_ca",
 )
 _TLS_FIELDS = (*_TLS_CERTIFICATES, "runtime_tls_key", "runtime_tls_leader_name", "leader_tls_key")
+#: Listen addresses that bind every interface: nobody can connect to them as they are.
+_WILDCARDS = ("0.0.0.0", "::")  # noqa: S104 -- compared with, never bound here
+
+
+def split_address(address: str) -> tuple[str, int | None]:
+    """`host:port` or `host` (an IPv6 host in brackets) -> (host, port or None)."""
+    host, sep, port = address.rpartition(":")
+    if sep and port.isdigit() and host and not host.endswith(":"):
+        return host, int(port)
+    return address, None
 
 
 class Settings(BaseSettings):
@@ -160,10 +170,17 @@ class Settings(BaseSettings):
         "abandons to the leader of the run's partition when one is registered (the fast path), "
         "else appends directly; `off` always appends directly.",
     )
+    leader_advertise: str | None = Field(
+        default=None,
+        description="Projectors: the address runtimes reach the leader at, registered in "
+        "PostgreSQL instead of the listen address: `host` (the port it listens on) or "
+        "`host:port` (a mapped one), e.g. the service name in compose. Unset: the listen "
+        "address, which then must not be a wildcard.",
+    )
     leader_listen: str = Field(
         default="127.0.0.1:0",
         description="Projectors: host:port the partition leader listens on (port 0: any free "
-        "one; the address is registered in PostgreSQL), or `off` to run no leader.",
+        "one), `0.0.0.0:7311` with TOOLLEDGER_LEADER_ADVERTISE, or `off` to run no leader.",
     )
     leader_commit_linger_ms: int = Field(
         default=10,
@@ -222,17 +239,31 @@ class Settings(BaseSettings):
             raise ValueError(f"has a port that is not a number (expected {example})") from None
         return value.strip()
 
+    @field_validator("leader_advertise", mode="before")
+    @classmethod
+    def _advertise_ok(cls, value: object) -> object:
+        if isinstance(value, str) and not value.strip():
+            return None  # compose passes "" for an unset variable
+        if isinstance(value, str):
+            host, port = split_address(value.strip())
+            if not host or (port is not None and not 0 < port < 65536):
+                raise ValueError("must be host or host:port (e.g. server:7311, 10.0.0.5)")
+            if host.strip("[]") in _WILDCARDS:
+                raise ValueError(f"{host} is a wildcard: advertise an address runtimes can reach")
+            return value.strip()
+        return value
+
     @field_validator("leader_listen")
     @classmethod
-    def _listen_ok(cls, value: str) -> str:
+    def _listen_ok(cls, value: str, info: ValidationInfo) -> str:
         host, sep, port = value.rpartition(":")
         if value != "off" and not (sep and host and port.isdigit() and int(port) < 65536):
             raise ValueError("must be host:port (e.g. 127.0.0.1:7311, port 0 for any) or off")
-        if host.strip("[]") in ("0.0.0.0", "::"):  # noqa: S104 -- refused, not bound
+        if host.strip("[]") in _WILDCARDS and not info.data.get("leader_advertise"):
             raise ValueError(
-                f"{host} is a wildcard; the leader registers the address it listens on in "
-                "PostgreSQL for runtimes to connect to, so it must be one they can reach (the "
-                "machine's address on their network)"
+                f"{host} is a wildcard; the leader registers its address in PostgreSQL for "
+                "runtimes to connect to, so set TOOLLEDGER_LEADER_ADVERTISE to the address they "
+                "reach it at (e.g. the service name in compose), or listen on that address"
             )
         return value
 
