@@ -86,7 +86,7 @@ def _statuses() -> _StatusTable:
     from asyncpg import ClientConfigurationError
 
     from toolledger.api.errors import Conflict, InvalidRequest, Misconfigured, NotFound, Unavailable
-    from toolledger.devstack import DevStackError
+    from toolledger.devstack import DevStackError, DevStackMissing
     from toolledger.errors import ConfigError, LedgerUnavailable
     from toolledger.events.log import LogError, LogIdentityError, TopicMissing
     from toolledger.events.signing import KeySetMismatch
@@ -101,6 +101,7 @@ def _statuses() -> _StatusTable:
         (InvalidRequest, ExitStatus.USAGE),
         (Misconfigured, ExitStatus.USAGE),
         (KeySetMismatch, ExitStatus.USAGE),
+        (DevStackMissing, ExitStatus.USAGE),
         (NotFound, ExitStatus.NO),
         (Conflict, ExitStatus.NO),
         (Unavailable, ExitStatus.UNAVAILABLE),
