@@ -105,7 +105,7 @@ def _scene(
 
 def _resumer(procs: Procs, name: str, env: dict[str, str]) -> Proc:
     app = "tests.integration.resume_hook:resume"
-    args = ("resumer", "--app", app, "--session-timeout", "2")
+    args = ("resumer", "--app", app, "--session-timeout", "6")
     return procs.python(name, "toolledger", *args, env=env)
 
 
