@@ -14,6 +14,7 @@ import asyncio
 import signal
 from collections.abc import Iterable
 
+from benchmarks._support import ensure_ledger
 from toolledger.projections.facts import FactsPublisher
 from toolledger.projections.ownership import PostgresPartitionLocks
 from toolledger.projections.projector import Projector
@@ -36,6 +37,7 @@ class _OnlyThese(PostgresPartitionLocks):
 async def _run(allowed: set[int] | None, facts: bool) -> None:
     settings = load_settings(ProjectorSettings)
     settings.require_verify_keys()
+    await ensure_ledger(settings)
     stack = await LedgerStack.connect(settings, listen=False)
     database_url, _ = settings.require_services()
     projector = Projector(

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import asyncpg
 
-from benchmarks._support import Scratch, start_process, stop_process
+from benchmarks._support import Scratch, ensure_ledger, start_process, stop_process
 from toolledger import Ledger, ToolContext, Toolset, external
 from toolledger.leader.runtime_side.port import LeaderPort
 from toolledger.wiring.leader import leader_port
@@ -141,6 +141,7 @@ async def running_ledger(
     topics = scratch.topics(label)
     settings = scratch.settings(schema, topics, partitions=partitions)
     home = Path(tempfile.mkdtemp(prefix="toolledger-bench-"))
+    await ensure_ledger(settings)
     stack = await LedgerStack.connect(settings)
     projector: asyncio.subprocess.Process | None = None
     try:

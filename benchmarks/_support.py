@@ -26,7 +26,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from toolledger.devstack import DevStack, KafkaKind, Services
 from toolledger.events.signing import SigningKey
-from toolledger.settings import ProjectorSettings
+from toolledger.settings import ProjectorSettings, Settings
 
 #: The benchmarks' operator key (public half for projectors; nothing here signs by default).
 BENCH_KEY = SigningKey.generate("bench")
@@ -146,6 +146,23 @@ class Scratch:
             problems.append(f"topics {self.prefix}*: {exc!r}")
         for problem in problems:
             print(f"cleanup failed: {problem}", file=sys.stderr)
+
+
+async def ensure_ledger(settings: Settings) -> None:
+    """Create the benchmark's ledger schema, as `toolledger migrate` would before a deployment
+    starts: a runtime refuses a schema nobody built, and a benchmark starts its processes in
+    any order. `migrate(conn, schema)` creates by default in every tree, so this also runs on
+    a baseline package (`benchmarks._baseline`) from before that rule."""
+    import asyncpg
+
+    from toolledger.projections.migrations import migrate
+
+    assert settings.database_url is not None
+    conn = await asyncpg.connect(settings.database_url)
+    try:
+        await migrate(conn, settings.schema_name)
+    finally:
+        await conn.close()
 
 
 async def start_process(

@@ -40,7 +40,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import asyncpg
 
@@ -330,7 +330,7 @@ async def _runtime_child() -> None:
     import toolledger
     from benchmarks._runtime import noop
 
-    ledger = await toolledger.Ledger.connect()
+    ledger = await _connected(toolledger.Ledger)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -353,6 +353,19 @@ async def _runtime_child() -> None:
         asked.cancel()
     finally:
         await ledger.close()
+
+
+async def _connected(ledger_class: Any) -> Any:
+    """`Ledger.connect()` once the projector started beside it has created the ledger's schema
+    (a runtime refuses a schema nobody built; a tree from before that rule never raises it)."""
+    deadline = time.monotonic() + STARTUP_TIMEOUT
+    while True:
+        try:
+            return await ledger_class.connect()
+        except Exception as exc:
+            if type(exc).__name__ != "SchemaMissing" or time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.1)
 
 
 async def _serve_calls(call: Callable[[], Awaitable[None]]) -> None:

@@ -32,7 +32,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmarks._runtime import noop
-from benchmarks._support import Row, Scratch, median, percentile, say, start_process, stop_process
+from benchmarks._support import (
+    Row,
+    Scratch,
+    ensure_ledger,
+    median,
+    percentile,
+    say,
+    start_process,
+    stop_process,
+)
 from benchmarks.verdict_latency import reservation
 from toolledger import Ledger
 from toolledger.events.codec import encode
@@ -78,6 +87,7 @@ async def measure(scratch: Scratch, *, samples: int, repeat: int) -> list[Row]:
     topics = scratch.topics("leader")
     settings = scratch.settings(schema, topics, partitions=PARTITIONS, leader="auto")
     home = Path(tempfile.mkdtemp(prefix="toolledger-bench-"))
+    await ensure_ledger(settings)
     stack = await LedgerStack.connect(settings)
     port = leader_port(StackPort(stack), settings)
     assert isinstance(port, LeaderPort)

@@ -42,6 +42,7 @@ import asyncpg
 from benchmarks._support import (
     Row,
     Scratch,
+    ensure_ledger,
     median,
     percentile,
     say,
@@ -127,6 +128,7 @@ async def _measure(
     topics = scratch.topics(f"latency-{placement}")
     settings = scratch.settings(schema, topics, partitions=PARTITIONS)
     fetch_wait = settings.fetch_wait_ms / 1000
+    await ensure_ledger(settings)
     stack = await LedgerStack.connect(settings, run_projector=placement == "in-process")
     floor_log = KafkaLog(
         scratch.services.kafka_bootstrap, f"{topics}floor", client_id="toolledger-bench"

@@ -1,4 +1,5 @@
-"""Tools written with `toolledger.http` against the fake payments API (`examples.http_refund`).
+"""Tools written with `toolledger.http` against the fake payments API
+(`toolledger.examples.http_refund`).
 
 `payments` points at `PAYMENTS_URL_ENV` when a child process (a runtime worker, a
 `toolledger reconciler --tools tests.http_tools`) is given it; in the test process it is a

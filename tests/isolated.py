@@ -69,8 +69,12 @@ def child_env(settings: Settings) -> dict[str, str]:
 async def running_stack(
     settings: Settings, *, run_projector: bool = True
 ) -> AsyncIterator[LedgerStack]:
-    """A stack on `settings` (with an in-process projector unless told otherwise), closed after."""
-    stack = await LedgerStack.connect(settings, run_projector=run_projector)
+    """A stack on `settings` (with an in-process projector unless told otherwise), closed after.
+
+    It creates the test's ledger schema even without a projector: a test starts its runtime
+    and its projector processes in whatever order it likes (only production processes refuse a
+    schema nobody built, `tests/integration/test_ledger_schema.py`)."""
+    stack = await LedgerStack.connect(settings, run_projector=run_projector, create_schema=True)
     try:
         yield stack
     finally:

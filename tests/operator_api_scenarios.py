@@ -24,7 +24,12 @@ from toolledger.api.app import close_stack
 from toolledger.api.service import OperatorService
 from toolledger.api.tokens import MemoryTokens, PostgresTokens, TokenStore
 from toolledger.errors import ConfigError
-from toolledger.events.models import CompensationRequested, canonical_json
+from toolledger.events.models import (
+    CompensationRequested,
+    RunPaused,
+    RunResumeFailed,
+    canonical_json,
+)
 from toolledger.events.signing import sign
 from toolledger.settings import OperatorSettings
 from toolledger.wiring.stack import LedgerStack
@@ -526,3 +531,38 @@ class OperatorApiScenarios:
         assert completed[0]["event"]["result_blob"] == record.result_blob
         listed = (await api.get("/v1/tool-executions", params={"run_id": r.run_id})).json()
         assert listed["items"][0]["result"] == big
+
+    async def test_a_run_whose_resume_hook_kept_failing_is_shown_listed_and_counted(
+        self, app: FastAPI, api: httpx.AsyncClient, calls: s.Calls
+    ) -> None:
+        """A run the resumer gave up on used to read `awaiting_reconciliation` with its call
+        settled and nothing saying why it stood still: its mark must be in the API (the run,
+        the list of runs not resumed), in /metrics and on the console's queue."""
+        r = await calls.indeterminate("stuck")
+        envelope = {"key": "stuck", "run_id": "stuck", "tenant_id": "acme"}
+        await calls.apply(RunPaused(**envelope, reason="awaiting_reconciliation", waiting_on=r.key))
+        await calls.indeterminate("moving")
+        resolved = await api.post(
+            f"/v1/tool-executions/{r.key}/resolve", json={"outcome": "failed", "reason": "no"}
+        )
+        assert resolved.status_code == 200, resolved.text
+        error = "RuntimeError: the model is down"
+        await calls.apply(RunResumeFailed(**envelope, waiting_on=r.key, attempts=5, error=error))
+
+        run = (await api.get("/v1/runs/stuck")).json()
+        assert (run["status"], run["waiting_on"]) == ("awaiting_reconciliation", r.key)
+        assert "failed 5 times" in run["resume_error"] and error in run["resume_error"]
+        listed = (await api.get("/v1/runs", params={"resume_failed": "true"})).json()
+        assert [i["run_id"] for i in listed["items"]] == ["stuck"]
+        assert (await api.get("/v1/runs/nosuchrun")).status_code == 404
+        text = (await api.get("/metrics", headers=s.METRICS_AUTH)).text
+        assert "toolledger_runs_resume_failed 1.0" in text
+
+        console = s.client(app)
+        form = (await console.get("/console/signin")).text
+        csrf = form.split('name="csrf_token" value="')[1].split('"')[0]
+        bearer = api.headers["Authorization"].removeprefix("Bearer ")
+        signin = {"csrf_token": csrf, "token": bearer}
+        assert (await console.post("/console/signin", data=signin)).status_code == 303
+        queue = (await console.get("/console/queue")).text
+        assert "Not resumed:" in queue and "the model is down" in queue

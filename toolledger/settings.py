@@ -25,6 +25,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 from typing import Annotated, Literal, TypeVar, overload
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -42,6 +43,16 @@ _TLS_CERTIFICATES = (
     "leader_tls_runtime_ca",
 )
 _TLS_FIELDS = (*_TLS_CERTIFICATES, "runtime_tls_key", "runtime_tls_leader_name", "leader_tls_key")
+#: Listen addresses that bind every interface: nobody can connect to them as they are.
+_WILDCARDS = ("0.0.0.0", "::")  # noqa: S104 -- compared with, never bound here
+
+
+def split_address(address: str) -> tuple[str, int | None]:
+    """`host:port` or `host` (an IPv6 host in brackets) -> (host, port or None)."""
+    host, sep, port = address.rpartition(":")
+    if sep and port.isdigit() and host and not host.endswith(":"):
+        return host, int(port)
+    return address, None
 
 
 class Settings(BaseSettings):
@@ -138,16 +149,38 @@ class Settings(BaseSettings):
         description="Largest payload recorded at all; a larger result leaves its call "
         "indeterminate with an error naming the limit.",
     )
+    resume_max_attempts: int = Field(
+        default=5,
+        ge=1,
+        le=1000,
+        description="Resumers: how often a paused run's resume hook may raise, with back-off "
+        "between tries, before the run is marked with the error (`run_resume_failed`: the API, "
+        "the console and /metrics show it) and left until a resumer starts again.",
+    )
+    resume_backoff_s: float = Field(
+        default=1.0,
+        gt=0,
+        le=3600,
+        description="Resumers: seconds before a failed resume hook is called again; doubled "
+        "after each failure, at most 60 times it.",
+    )
     leader: Literal["auto", "off"] = Field(
         default="auto",
         description="Runtimes: `auto` (the default) sends reads, reservations, outcomes and "
         "abandons to the leader of the run's partition when one is registered (the fast path), "
         "else appends directly; `off` always appends directly.",
     )
+    leader_advertise: str | None = Field(
+        default=None,
+        description="Projectors: the address runtimes reach the leader at, registered in "
+        "PostgreSQL instead of the listen address: `host` (the port it listens on) or "
+        "`host:port` (a mapped one), e.g. the service name in compose. Unset: the listen "
+        "address, which then must not be a wildcard.",
+    )
     leader_listen: str = Field(
         default="127.0.0.1:0",
         description="Projectors: host:port the partition leader listens on (port 0: any free "
-        "one; the address is registered in PostgreSQL), or `off` to run no leader.",
+        "one), `0.0.0.0:7311` with TOOLLEDGER_LEADER_ADVERTISE, or `off` to run no leader.",
     )
     leader_commit_linger_ms: int = Field(
         default=10,
@@ -186,17 +219,51 @@ class Settings(BaseSettings):
         "IP the leader registered, which its certificate must carry as an IP address SAN.",
     )
 
+    @field_validator("database_url")
+    @classmethod
+    def _database_url_ok(cls, value: str | None) -> str | None:
+        """A URL asyncpg can connect with; a malformed one is a setting to fix, not an outage.
+        The value is never repeated in the message: it may hold a password."""
+        if value is None or not value.strip():
+            return None
+        parts = urlsplit(value.strip())
+        example = "postgresql://user:password@host:5432/database"
+        if parts.scheme not in ("postgresql", "postgres") or not value.strip().startswith(
+            f"{parts.scheme}://"
+        ):
+            raise ValueError(f"must be a PostgreSQL URL such as {example}")
+        try:
+            if "," not in parts.netloc:  # asyncpg also takes host1:port1,host2:port2
+                parts.port  # noqa: B018 -- parsing it is the check
+        except ValueError:
+            raise ValueError(f"has a port that is not a number (expected {example})") from None
+        return value.strip()
+
+    @field_validator("leader_advertise", mode="before")
+    @classmethod
+    def _advertise_ok(cls, value: object) -> object:
+        if isinstance(value, str) and not value.strip():
+            return None  # compose passes "" for an unset variable
+        if isinstance(value, str):
+            host, port = split_address(value.strip())
+            if not host or (port is not None and not 0 < port < 65536):
+                raise ValueError("must be host or host:port (e.g. server:7311, 10.0.0.5)")
+            if host.strip("[]") in _WILDCARDS:
+                raise ValueError(f"{host} is a wildcard: advertise an address runtimes can reach")
+            return value.strip()
+        return value
+
     @field_validator("leader_listen")
     @classmethod
-    def _listen_ok(cls, value: str) -> str:
+    def _listen_ok(cls, value: str, info: ValidationInfo) -> str:
         host, sep, port = value.rpartition(":")
         if value != "off" and not (sep and host and port.isdigit() and int(port) < 65536):
             raise ValueError("must be host:port (e.g. 127.0.0.1:7311, port 0 for any) or off")
-        if host.strip("[]") in ("0.0.0.0", "::"):  # noqa: S104 -- refused, not bound
+        if host.strip("[]") in _WILDCARDS and not info.data.get("leader_advertise"):
             raise ValueError(
-                f"{host} is a wildcard; the leader registers the address it listens on in "
-                "PostgreSQL for runtimes to connect to, so it must be one they can reach (the "
-                "machine's address on their network)"
+                f"{host} is a wildcard; the leader registers its address in PostgreSQL for "
+                "runtimes to connect to, so set TOOLLEDGER_LEADER_ADVERTISE to the address they "
+                "reach it at (e.g. the service name in compose), or listen on that address"
             )
         return value
 

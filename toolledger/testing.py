@@ -23,7 +23,6 @@ to play the human who settles what nobody can know automatically.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -32,7 +31,7 @@ from toolledger.events.records import CallRecord
 from toolledger.events.signing import SigningKey
 from toolledger.runtime.context import ToolContext
 from toolledger.runtime.ledger import Ledger
-from toolledger.runtime.tools import Tool, key_passing_problem
+from toolledger.runtime.tools import Tool, ToolsArg, key_passing_problem, tools_by_name
 from toolledger.wiring.stack import LedgerStack
 
 if TYPE_CHECKING:  # the operator service lives under toolledger.api, which imports FastAPI
@@ -139,7 +138,8 @@ class Operator:
       `LedgerStack`) it needs `signing_key=`: a private key whose public half the projectors
       verify (`TOOLLEDGER_VERIFY_KEYS`), as the API's `TOOLLEDGER_SIGNING_KEYS` would be.
     - `tenant_id` limits what it sees, as an API token does (None: every tenant, as the CLI).
-    - `tools` lets it run compensations (`compensate`), as the API's `--tools` does.
+    - `tools` lets it run compensations (`compensate`), as the API's `--tools` does: a
+      Toolset, or a list of Toolsets and tools (`tools=[billing]`).
     """
 
     def __init__(
@@ -149,7 +149,7 @@ class Operator:
         signing_key: SigningKey | None = None,
         tenant_id: str | None = None,
         name: str = "test-operator",
-        tools: Iterable[Tool[Any, Any]] = (),
+        tools: ToolsArg = (),
         verdict_timeout: float = 10.0,
     ) -> None:
         from toolledger.api.compensation import RuntimeCompensator
@@ -166,7 +166,7 @@ class Operator:
                 "a private key whose public half the projectors verify (TOOLLEDGER_VERIFY_KEYS); "
                 "`toolledger dev up` prints the dev stack's"
             )
-        by_name = {tool.name: tool for tool in tools}
+        by_name = tools_by_name(tools)
         self._compensator = (
             RuntimeCompensator(StackPort(stack), by_name, verdict_timeout=verdict_timeout)
             if by_name

@@ -42,6 +42,7 @@ from toolledger.events.models import (
     RunFinished,
     RunPaused,
     RunResumed,
+    RunResumeFailed,
     RunStarted,
     args_digest,
     call_key,
@@ -372,6 +373,16 @@ class MixedLog:
                         **fenced,
                     ),
                     event(RunResumed, run_id, None, when, **fenced),
+                    event(
+                        RunResumeFailed,
+                        run_id,
+                        None,
+                        when,
+                        waiting_on=key,
+                        attempts=5,
+                        error="RuntimeError('no model')",
+                        **by,
+                    ),
                     event(RunFinished, run_id, None, when, outcome="completed", **fenced)
                     if rng.random() < 0.2
                     else event(RunResumed, run_id, None, when, **fenced),
@@ -607,7 +618,13 @@ class TestLedgerStoreContract:
             waiting_on="r1:c2",
         )
         tomb = event(CallAbandoned, "r1", "c2", at(42), reservation_id=uuid.uuid4())
-        events = [start, checkpoint, first, approve, second, lost, tried, resolve, pause, tomb]
+        hook_failed = event(
+            RunResumeFailed, "r1", None, at(43), waiting_on="r1:c2", attempts=3, error="boom"
+        )
+        events = [
+            *(start, checkpoint, first, approve, second, lost, tried, resolve, pause, tomb),
+            hook_failed,
+        ]
         verdicts = await log.feed(ledger, 0, *events)
         assert all(v.accepted for v in verdicts), [v.detail for v in verdicts]
         call = await ledger.get_call("r1:c1")
@@ -635,12 +652,14 @@ class TestLedgerStoreContract:
         assert (run.status, run.waiting_on, run.updated_at) == (
             "awaiting_reconciliation",
             "r1:c2",
-            at(41),
+            at(43),
         )
+        assert run.resume_error is not None and "3 times" in run.resume_error
         assert [h.event_type for h in await ledger.history("r1")] == [
             "run_started",
             "run_checkpointed",
             "run_paused",
+            "run_resume_failed",
         ]
         await assert_same_ledger(ledger, log.reference)
 

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
@@ -128,3 +130,37 @@ async def test_a_key_not_found_names_the_tenant_and_the_cli_command_not_an_http_
         ledger_settings, "executions", "show", "no-such:call", "--tenant", "acme"
     )
     assert code == 1 and "in tenant acme;" in err
+
+
+async def test_a_replay_of_a_log_that_is_not_there_names_the_command_that_creates_it(
+    isolated: Isolated,
+) -> None:
+    """`replay` against a topic prefix with no topics advised `ensure_topic (or
+    create_topic)`, Python names a command-line user cannot run."""
+    settings = s.api_settings(**isolated.connection())
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLLEDGER_")}
+    env |= {**child_env(settings), "TOOLLEDGER_VERIFY_KEYS": s.SIGNING_KEY.public_setting()}
+    code, out, err = await run_toolledger_async(env, "replay", "--verify")
+    assert code == 2 and "`toolledger migrate`" in err, out + err  # no ledger yet: no schema
+    assert "Unclosed" not in err
+    code, out, err = await run_toolledger_async(env, "migrate")
+    assert code == 0, out + err
+    code, out, err = await run_toolledger_async(env, "replay", "--verify")
+    assert code == 4, out + err
+    assert "`toolledger projector`" in err and "ensure_topic" not in err
+
+
+async def test_the_readmes_compensate_line_runs_as_written(
+    calls: s.Calls, ledger_settings: Settings
+) -> None:
+    """The README's `executions compensate r1:c7 --reason ...` exited 1: without `--tools`
+    this process has no compensation to run. Its line, with our key and tools module in place
+    of the placeholders, must compensate the call."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    (line,) = [ln for ln in readme.splitlines() if ln.startswith("toolledger executions compen")]
+    done = await calls.completed("readme-comp")
+    words = shlex.split(line.split(" #")[0])
+    words = [{"r1:c7": done.key, "mypkg.tools": "tests.api_support"}.get(w, w) for w in words]
+    code, out, err = await _cli(ledger_settings, *words[1:])
+    assert code == 0, out + err
+    assert "compensated" in out

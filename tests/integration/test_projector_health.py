@@ -4,11 +4,8 @@ shows a halted partition in its `/readyz` and `/metrics`, as `toolledger server`
 from __future__ import annotations
 
 import socket
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import httpx
-import pytest
 
 from tests import builders as b
 from tests.integration.procs import Procs, toolledger_env
@@ -17,15 +14,6 @@ from toolledger.events.signing import SigningKey, sign
 from toolledger.settings import Settings
 
 START_TIMEOUT = 30.0
-
-
-@pytest.fixture
-async def procs(tmp_path: Path) -> AsyncIterator[Procs]:
-    started = Procs(tmp_path)
-    try:
-        yield started
-    finally:
-        started.close()
 
 
 async def test_a_lone_projector_serves_readyz_503_and_the_gauge_while_a_partition_is_halted(

@@ -194,7 +194,7 @@ async def scene(
     settings = isolated.settings(Settings, partitions=PARTITIONS, verify_keys=b.KEYS)
     env = toolledger_env(settings)
     procs = Procs(tmp_path)
-    client = await LedgerStack.connect(settings, run_projector=False)
+    client = await LedgerStack.connect(settings, run_projector=False, create_schema=True)
     db = await asyncpg.connect(pg_dsn, server_settings={"search_path": f'"{pg_schema}"'})
     try:
         yield Scene(settings, env, client, db, procs, pg_schema)

@@ -263,17 +263,17 @@ async def test_sigterm_stops_every_role_by_pid_and_the_server_exits_0(server: Se
 async def test_a_child_role_that_stops_stops_the_server_with_its_exit_status(
     isolated: Isolated, procs: Procs, tmp_path: Path
 ) -> None:
-    """A resume hook that cannot be imported makes the resumer exit 2; the server must not
-    run on without it, and must exit 2 as the resumer did, naming the role."""
+    """A resumer that stops on its own (status 3: what it needed did not answer); the server
+    must not run on without it, and must exit 3 as the resumer did, naming the role."""
     settings = isolated.settings(Settings)
     env = _env(settings, tmp_path)
     port = _free_port()
     proc = procs.python(
         "server", "toolledger", "server", "--port", str(port),
-        "--resume-app", "tests.integration.no_such_module:resume", env=env,
+        "--resume-app", "tests.integration.resume_hook_stops:resume", env=env,
     )  # fmt: skip
-    assert await proc.wait_exit(timeout=60) == ExitStatus.USAGE, proc.output()[-3000:]
-    assert re.search(r"the resumer \(pid \d+\) exited with status 2", proc.output())
+    assert await proc.wait_exit(timeout=60) == ExitStatus.UNAVAILABLE, proc.output()[-3000:]
+    assert re.search(r"the resumer \(pid \d+\) exited with status 3", proc.output())
 
 
 async def test_bad_settings_stop_the_server_before_anything_starts_naming_the_setting(
@@ -358,3 +358,27 @@ async def test_two_servers_share_the_partitions_and_one_takes_over_when_the_othe
     assert {m.group(1) for m in shares} == {"0", "1"}
     one.kill()
     await two.wait_for(r"owns \[0, 1\];", timeout=START_TIMEOUT, after=two.mark())
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "tests.integration.resume_hook",
+        "tests.integration.no_such_module:resume",
+        "tests.integration.resume_hook:no_such_function",
+    ],
+    ids=["no-function", "no-module", "no-attribute"],
+)
+async def test_a_resume_app_that_cannot_load_stops_the_server_before_anything_starts(
+    isolated: Isolated, procs: Procs, tmp_path: Path, spec: str
+) -> None:
+    """`--resume-app myapp.agents` was checked only inside the resumer child, after the
+    projector had taken the partitions and the API was serving: the server came up, then went
+    down. It must exit 2 naming the option before it starts any role (or builds the ledger)."""
+    settings = isolated.settings(Settings)
+    args = ("server", "--port", str(_free_port()), "--resume-app", spec)
+    proc = procs.python("server", "toolledger", *args, env=_env(settings, tmp_path))
+    assert await proc.wait_exit(timeout=60) == ExitStatus.USAGE, proc.output()
+    out = proc.output()
+    assert "--resume-app" in out and spec in out, out
+    assert "started the" not in out and "serving the API" not in out and "owns [" not in out

@@ -17,22 +17,18 @@ from pathlib import Path
 
 from tests.fake_billing import FakeBilling, use_service
 from tests.integrations.drivers import driver
-from toolledger import Ledger
-from toolledger.events.records import RunRecord
+from toolledger import Ledger, RunRecord
 from toolledger.integrations import decode_run_id
-
-_ledger: list[Ledger] = []
 
 
 async def resume(run: RunRecord) -> None:
-    if not _ledger:
-        _ledger.append(await Ledger.connect())
     use_service(FakeBilling(Path(os.environ["BILLING_DB"])))
     store = Path(os.environ["TEST_STORE"])
-    framework = driver(
-        os.environ["TEST_FRAMEWORK"], _ledger[0], tool=os.environ["TEST_TOOL"], store=store
-    )
-    step = await framework.resume(decode_run_id(run.run_id))
+    async with await Ledger.connect() as ledger:  # as docs/integrations/index.md says
+        framework = driver(
+            os.environ["TEST_FRAMEWORK"], ledger, tool=os.environ["TEST_TOOL"], store=store
+        )
+        step = await framework.resume(decode_run_id(run.run_id))
     line = {"run_id": run.run_id, "step": asdict(step), "heard": framework.heard}
     with (store / "resumed.jsonl").open("a") as log:
         log.write(json.dumps(line) + "\n")

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_the_example_pauses_is_settled_and_pays_once(example: str) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLLEDGER_")}
     shown = subprocess.run(
-        [sys.executable, "-m", f"examples.integrations.{example}"],
+        [sys.executable, "-m", f"toolledger.examples.integrations.{example}"],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -53,7 +53,7 @@ async def test_the_pydantic_ai_example_resumes_in_another_process(
     settings = s.api_settings(**isolated.connection())
     saved = tmp_path / "saved.json"
     env = toolledger_env(settings)
-    example = "examples.integrations.pydantic_ai_refund"
+    example = "toolledger.examples.integrations.pydantic_ai_refund"
     async with running_stack(settings) as stack:
         first = procs.python("start", example, "start", str(saved), env=env)
         assert await first.wait_exit(timeout=120) == 0, first.output()

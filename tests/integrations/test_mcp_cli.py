@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 from click.testing import CliRunner
 
@@ -41,3 +43,23 @@ def test_serving_needs_a_tenant() -> None:
     )
     assert result.exit_code == 2
     assert "--tenant" in result.output
+
+
+def test_a_plain_install_names_the_mcp_extra_before_any_setting() -> None:
+    """`pip install toolledger` then `toolledger mcp serve` complained about the database and
+    Kafka settings; setting them would only have led to the next error. The missing `mcp`
+    extra is what to fix first."""
+    script = (
+        "import sys; sys.modules['mcp'] = None\n"
+        "from toolledger.cli import main\n"
+        "sys.argv = ['toolledger', 'mcp', 'serve', '--tools', 'tests.integrations.mcp_tools',"
+        " '--tenant', 'acme']\n"
+        "main()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLLEDGER_")}
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert done.returncode == 2, done.stderr
+    assert "pip install 'toolledger[mcp]'" in done.stderr
+    assert "TOOLLEDGER_DATABASE_URL" not in done.stderr

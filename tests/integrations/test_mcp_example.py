@@ -14,7 +14,7 @@ def test_the_mcp_refund_example_pays_each_customer_once() -> None:
     operator's resolution: one payout per customer, with no service running."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLLEDGER_")}
     shown = subprocess.run(
-        [sys.executable, "-m", "examples.integrations.mcp_refund"],
+        [sys.executable, "-m", "toolledger.examples.integrations.mcp_refund"],
         cwd=ROOT,
         env=env,
         capture_output=True,

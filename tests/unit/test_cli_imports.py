@@ -92,3 +92,15 @@ def test_the_top_level_help_lists_every_command_in_the_order_a_user_meets_them()
     listed = [line.split()[0] for line in shown.split("Commands:")[1].splitlines() if line.strip()]
     assert listed == list(COMMANDS)
     assert "Kill runtimes, projectors and reconcilers" in shown
+
+
+def test_the_reconcilers_help_says_a_group_must_share_its_tools() -> None:
+    """Reconcilers with different --tools in one group split its partitions: a call of a tool
+    one member lacks is never asked about in that member's partitions. Nothing said so."""
+    from click.testing import CliRunner
+
+    from toolledger.cli import main
+
+    shown = CliRunner().invoke(main, ["reconciler", "--help"], terminal_width=200).output
+    assert "same --tools" in " ".join(shown.split())
+    assert "must load the same modules" in " ".join(shown.split())

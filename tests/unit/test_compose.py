@@ -121,7 +121,7 @@ def test_the_image_holds_the_example_tools_and_the_server_extra() -> None:
     """The compose file's default TOOLLEDGER_TOOLS is an example module: the image must have
     it, and the server role's dependencies (faust, FastAPI, uvicorn, Jinja2)."""
     dockerfile = (COMPOSE.parent / "Dockerfile").read_text()
-    assert "COPY examples ./examples" in dockerfile
+    assert "COPY toolledger ./toolledger" in dockerfile  # toolledger.examples among it
     assert re.search(r"pip install [^\n]*\.\[server\]", dockerfile)
 
 
@@ -148,3 +148,48 @@ def test_kafka_never_auto_creates_topics(compose: dict[str, Any]) -> None:
     own topics, so the broker must not."""
     env = compose["services"]["kafka"]["environment"]
     assert env["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false"
+
+
+def test_the_server_registers_a_leader_address_other_containers_reach(
+    compose: dict[str, Any],
+) -> None:
+    """The leader registered the 127.0.0.1 it listened on inside its container, so every
+    runtime in another container took the direct path without a word. It must listen on every
+    address and advertise the service's name, at a port the compose network reaches."""
+    server = compose["services"]["server"]
+    env = {k: _interpolate(str(v)) for k, v in server["environment"].items()}
+    settings = load_settings(
+        ProjectorSettings,
+        leader_listen=env["TOOLLEDGER_LEADER_LISTEN"],
+        leader_advertise=env["TOOLLEDGER_LEADER_ADVERTISE"],
+    )
+    host, _, port = str(settings.leader_advertise).rpartition(":")
+    assert host == "server" and port == settings.leader_listen.rpartition(":")[2] != "0"
+
+
+def test_an_agent_on_the_host_reaches_kafka_and_postgresql(compose: dict[str, Any]) -> None:
+    """Kafka advertised only `kafka:9092` and nothing was published: an agent on the host
+    could not connect. Kafka needs a listener advertised as localhost and published; so does
+    PostgreSQL's port (on the host's loopback only)."""
+    kafka = compose["services"]["kafka"]
+    env = kafka["environment"]
+    advertised = dict(item.split("://", 1) for item in env["KAFKA_ADVERTISED_LISTENERS"].split(","))
+    host_listener = [name for name, at in advertised.items() if at.startswith("localhost:")]
+    assert host_listener, advertised
+    port = advertised[host_listener[0]].rpartition(":")[2]
+    assert f"127.0.0.1:{port}:{port}" in [_interpolate(p) for p in kafka["ports"]]
+    assert f"{host_listener[0]}:PLAINTEXT" in env["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"]
+    postgres = [_interpolate(p) for p in compose["services"]["postgres"]["ports"]]
+    assert any(p.startswith("127.0.0.1:") and p.endswith(":5432") for p in postgres), postgres
+
+
+def test_your_own_tools_go_into_the_image_by_a_documented_build_argument() -> None:
+    """Nothing said how to put your own tools module into the image; the default is the
+    example billing tools. The Dockerfile takes packages to install beside toolledger, and the
+    compose file passes them through."""
+    dockerfile = (COMPOSE.parent / "Dockerfile").read_text()
+    assert "ARG TOOLLEDGER_EXTRA_PACKAGES" in dockerfile
+    assert re.search(r"pip install [^\n]*\$\{?TOOLLEDGER_EXTRA_PACKAGES", dockerfile)
+    text = COMPOSE.read_text()
+    assert "TOOLLEDGER_EXTRA_PACKAGES: ${TOOLLEDGER_EXTRA_PACKAGES:-}" in text
+    assert "docs/production.md" in text and "your own tools" in text.lower()

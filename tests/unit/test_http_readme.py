@@ -50,9 +50,9 @@ def test_the_http_block_runs_and_the_model_hears_the_first_answer(tmp_path: Path
 
 
 def test_the_example_makes_one_refund() -> None:
-    """`python -m examples.http_refund.refund` as its docstring says: unknown, then the
+    """`python -m toolledger.examples.http_refund.refund` as its docstring says: unknown, then the
     replayed first answer, one refund for two requests."""
-    shown = _run("-m", "examples.http_refund.refund")
+    shown = _run("-m", "toolledger.examples.http_refund.refund")
     assert shown.returncode == 0, shown.stdout + shown.stderr
     lines = shown.stdout.splitlines()
     assert lines[0].startswith("unknown: r1:c1")

@@ -4,6 +4,7 @@ it must say which extra to install."""
 
 from __future__ import annotations
 
+import fnmatch
 import subprocess
 import sys
 import tomllib
@@ -71,3 +72,20 @@ def test_the_api_package_names_the_extra_when_create_app_is_asked_for() -> None:
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert "pip install 'toolledger[server]'" in done.stdout, done.stderr
+
+
+def test_the_wheel_installs_one_top_level_package() -> None:
+    """The install put a top-level `examples` package into site-packages, where it shadowed a
+    user's own `examples`. Of the checkout's top-level packages, pyproject's find patterns
+    (fnmatch on the package name, as setuptools applies them) must take `toolledger` alone."""
+    found = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    config = found["packages"]["find"]
+    candidates = [d.name for d in ROOT.iterdir() if (d / "__init__.py").is_file()]
+    packaged = {
+        name
+        for name in candidates
+        if any(fnmatch.fnmatchcase(name, p) for p in config.get("include", ["*"]))
+        and not any(fnmatch.fnmatchcase(name, p) for p in config.get("exclude", []))
+    }
+    assert packaged == {"toolledger"}, packaged
+    assert (ROOT / "toolledger" / "examples" / "billing_reconciliation" / "__init__.py").is_file()

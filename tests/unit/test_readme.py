@@ -108,3 +108,84 @@ def test_make_help_describes_the_demo_that_exists() -> None:
     assert done.returncode == 0, done.stderr
     demo = next(line for line in done.stdout.splitlines() if line.startswith("make demo"))
     assert "later" not in demo and "billing demo" in demo
+
+
+# The README's `Operator` fragment, run as printed inside a scene that gives it what the
+# README's own examples define: a `ledger`, the `billing` toolset and a `credit` (a dataclass).
+_OPERATOR_FRAGMENT = "olivia = Operator(ledger"
+_SCENE = """
+import asyncio
+from dataclasses import dataclass
+
+from toolledger import Ledger, ToolCallAwaitingApproval, ToolCallIndeterminate, ToolContext
+from toolledger import ToolExecutionRecord, Toolset, external
+
+
+@dataclass
+class Credit:
+    id: str
+    amount_cents: int
+
+
+billing = Toolset("billing")
+voided = []
+
+
+async def void_credit(record: ToolExecutionRecord, context: ToolContext) -> None:
+    voided.append(record.idempotency_key)
+
+
+@billing.tool(external(), compensation=void_credit)
+async def issue_credit(account_id: str, amount_cents: int, context: ToolContext) -> Credit:
+    async with context.sending():
+        raise TimeoutError("the billing API did not answer")
+
+
+@billing.tool(external(approval=True))
+async def close_account(account_id: str, context: ToolContext) -> str:
+    return "closed"
+
+
+async def main() -> None:
+    async with await Ledger.memory() as ledger:
+        args = {"account_id": "acct-42", "amount_cents": 2500}
+        try:
+            await ledger.call(
+                issue_credit, run_id="r1", tool_call_id="c1", tenant_id="acme", arguments=args
+            )
+        except ToolCallIndeterminate:
+            pass  # the paused run's unknown call, which olivia settles
+        try:
+            await ledger.call(
+                close_account,
+                run_id="r1",
+                tool_call_id="c2",
+                tenant_id="acme",
+                arguments={"account_id": "acct-42"},
+            )
+        except ToolCallAwaitingApproval:
+            pass  # the call olivia approves
+        credit = Credit(id="cr-1", amount_cents=2500)
+{fragment}
+        c1, c2 = await ledger.read_call("r1:c1"), await ledger.read_call("r1:c2")
+        assert (c1.status, c1.result_json) == ("compensated", '{"amount_cents":2500,"id":"cr-1"}')
+        assert c2.status == "approved" and voided == ["r1:c1"], (c2, voided)
+        print("fragment ran")
+
+
+asyncio.run(main())
+"""
+
+
+def test_the_operator_fragment_runs_as_written() -> None:
+    """The fragment once failed as printed: `value=credit` (the README's `Credit` dataclass)
+    was refused as "not plain JSON", and `tools=[billing]` (a list holding a Toolset) was
+    taken, then `compensate` failed asking for --tools."""
+    (fragment,) = [body for _, body in _blocks("python") if _OPERATOR_FRAGMENT in body]
+    indented = "\n".join(f"        {line}" if line else "" for line in fragment.splitlines())
+    program = _SCENE.replace("{fragment}", indented)
+    done = subprocess.run(
+        [sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "fragment ran"

@@ -117,3 +117,18 @@ async def test_sending_marks_the_context() -> None:
     async with context.sending():
         assert context.sent
     assert context.sent and "sent=True" in repr(context)
+
+
+async def test_operator_takes_toolsets_in_a_list_and_refuses_what_is_not_a_tool() -> None:
+    """`Operator(ledger, tools=[billing])` was taken as a tool named "billing", and the first
+    `compensate` then failed asking for --tools; something that is not a tool at all must be
+    refused when the Operator is built, not when a compensation needs it."""
+    from toolledger import Ledger
+    from toolledger.testing import Operator
+
+    async with await Ledger.memory() as ledger:
+        operator = Operator(ledger, tools=[billing])
+        assert operator._compensator is not None
+        assert set(operator._compensator.tools) == {tool.name for tool in billing}
+        with pytest.raises(TypeError, match="tools= takes Toolsets and tools"):
+            Operator(ledger, tools=[billing, print])  # type: ignore[list-item]

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from examples.unknowns_report import render, unknowns_report
 from tests import builders as b
+from toolledger.examples.unknowns_report import render, unknowns_report
 from toolledger.subscribe import subscribe
 from toolledger.wiring.stack import LedgerStack
 
@@ -58,11 +58,11 @@ async def test_the_report_counts_unknowns_their_settlers_and_how_long_they_waite
 
 
 def test_the_report_without_services_says_so_in_one_line() -> None:
-    """`python -m examples.unknowns_report` with no TOOLLEDGER_* variables printed a
+    """`python -m toolledger.examples.unknowns_report` with no TOOLLEDGER_* variables printed a
     twenty-line traceback ending in ConfigError; it must say what to set, once, and exit 2."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLLEDGER_")}
     done = subprocess.run(
-        [sys.executable, "-m", "examples.unknowns_report"],
+        [sys.executable, "-m", "toolledger.examples.unknowns_report"],
         cwd=Path(__file__).resolve().parents[2],
         env=env,
         capture_output=True,

@@ -47,6 +47,7 @@ from toolledger.api.compensation import RuntimeCompensator
 from toolledger.api.console import Sessions, mount_console
 from toolledger.api.errors import Conflict, NotFound, OperatorError, http_status
 from toolledger.api.routes import STATUSES, errors, router
+from toolledger.api.runs import router as runs_router
 from toolledger.api.schemas import ErrorDetail, ErrorResponse, Health, ToolExecution
 from toolledger.api.service import OperatorService
 from toolledger.api.tokens import MemoryTokens, PostgresTokens, TokenStore
@@ -121,6 +122,7 @@ def create_app(
     if isinstance(source, LedgerStack | OperatorService):
         app.state.toolledger = _context(source, settings, tokens, tools)
     app.include_router(router)
+    app.include_router(runs_router)
     mount_console(app, console_sessions)
     if health is None and isinstance(source, LedgerStack) and source.projector is not None:
         health = ProjectorHealth(source.projector, source.events)
@@ -166,7 +168,7 @@ def _default_tokens(store: LedgerStore, settings: OperatorSettings) -> TokenStor
     if isinstance(store, PostgresLedger):
         if not settings.database_url:
             raise ConfigError("TOOLLEDGER_DATABASE_URL must be set: API tokens live in PostgreSQL")
-        return PostgresTokens(settings.database_url, store.schema)
+        return PostgresTokens(settings.database_url, store.schema, create=False)
     return MemoryTokens()
 
 
@@ -225,6 +227,7 @@ def _health_routes(app: FastAPI, settings: OperatorSettings) -> None:
                 metrics.CALLS.labels(status).set(stats.by_status.get(status, 0))
             for (unsettled, bound), count in stats.unsettled.items():
                 metrics.UNSETTLED.labels(unsettled, f"{bound:g}").set(count)
+            metrics.RESUME_FAILED.set(stats.resume_failed)
             refreshed["at"] = time.monotonic()
         metrics.PROJECTOR_LAG.set(service.verdict_lag())
         health: ProjectorHealth | None = request.app.state.projector_health

@@ -16,6 +16,8 @@ import json
 from datetime import datetime
 from typing import Any
 
+from pydantic_core import to_jsonable_python
+
 from toolledger.api.errors import InvalidRequest
 from toolledger.events.models import canonical_json
 from toolledger.events.records import CallRecord
@@ -72,13 +74,22 @@ def storable(text: str) -> bool:
 
 
 def value_json(value: Any) -> str | None:
-    """A resolution's value as stored JSON; `InvalidRequest` if JSON cannot hold it."""
+    """A resolution's value as stored JSON; `InvalidRequest` if JSON cannot hold it.
+
+    The value is what the tool would have returned, so it is turned into JSON as a tool's
+    result is (pydantic's JSON form, `Tool.dump_result`): a dataclass or a pydantic model is
+    its fields, a datetime ISO text, and it reads back into the tool's declared return type.
+    """
     if value is None:
         return None
     try:
+        value = to_jsonable_python(value)
         json.dumps(value, allow_nan=False)
-    except (ValueError, TypeError) as exc:
-        raise InvalidRequest("invalid_value", f"value is not plain JSON ({exc})") from None
+    except (ValueError, TypeError) as exc:  # PydanticSerializationError is a ValueError
+        raise InvalidRequest(
+            "invalid_value",
+            f"value is not JSON, a dataclass or a pydantic model ({exc})",
+        ) from None
     text = canonical_json(value)  # JSON escapes NUL, so only a lone surrogate can fail here
     if not storable(text):
         raise InvalidRequest("invalid_value", "value must be UTF-8 text")

@@ -11,6 +11,9 @@ histograms and means the gauges show whichever app refreshed last.
 - `toolledger_unsettled_calls{status, older_than_seconds}`: `started` and `indeterminate` calls
   whose record has not changed for at least that long, cumulative: alert on
   `toolledger_unsettled_calls{status="indeterminate", older_than_seconds="3600"} > 0`.
+- `toolledger_runs_resume_failed`: paused runs whose resume hook failed every try (the
+  resumer's `run_resume_failed`), every tenant; alert on `> 0`, and list them with
+  `GET /v1/runs?resume_failed=true`.
 - `toolledger_api_verdict_seconds{command}`: from appending an operator command to its verdict,
   the latency an operator waits on (buckets in milliseconds to tens of seconds).
 - `toolledger_api_commands_total{command, verdict}`: accepted, the decider's rejection reason,
@@ -34,6 +37,10 @@ UNSETTLED = Gauge(
     "toolledger_unsettled_calls",
     "Started or indeterminate calls unchanged for at least older_than_seconds (cumulative).",
     ["status", "older_than_seconds"],
+)
+RESUME_FAILED = Gauge(
+    "toolledger_runs_resume_failed",
+    "Paused runs whose resume hook failed every try and that have not moved on since.",
 )
 VERDICT_SECONDS = Histogram(
     "toolledger_api_verdict_seconds",

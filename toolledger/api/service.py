@@ -59,6 +59,7 @@ from toolledger.events.records import CallRecord, CallStatus, RunRecord, Verdict
 from toolledger.events.signing import SigningKey, sign
 from toolledger.port import CallQuery
 from toolledger.projections.store import LedgerStore, StatusCounts
+from toolledger.runtime.pauses import PAUSED
 
 COMPENSATE_SUFFIX = ":compensate"
 MAX_PAGE = 500
@@ -230,6 +231,13 @@ class OperatorService:
         """The run `run_id` if this operator's tenant owns it (None otherwise, or if unknown)."""
         run = await self.store.get_run(run_id) if storable(run_id) else None
         return run if run is not None and who.tenant_id in (None, run.tenant_id) else None
+
+    async def paused_runs(self, who: Operator, *, resume_failed: bool = False) -> list[RunRecord]:
+        """This operator's tenant's paused runs, oldest change first (with `resume_failed`:
+        only those whose resume hook failed every try)."""
+        return await self.store.list_runs(
+            PAUSED, tenant_id=who.tenant_id, resume_failed=resume_failed
+        )
 
     async def show(self, who: Operator, key: str) -> tuple[CallRecord, list[HistoryEntry]]:
         """The call and every event of its key, accepted or rejected, in log order. Payloads

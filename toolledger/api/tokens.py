@@ -230,11 +230,15 @@ class PostgresTokens(TokenStore):
     """Tokens in the ledger's PostgreSQL schema (`api_tokens`), behind a small pool.
 
     The pool is opened on first use as well as by `start()`, because an ASGI app built outside
-    a server (tests, `httpx.ASGITransport`) never runs its startup hooks.
+    a server (tests, `httpx.ASGITransport`) never runs its startup hooks. With `create=False`
+    (the CLI, the API) a schema that holds no ledger is `SchemaMissing`, not created.
     """
 
-    def __init__(self, dsn: str, schema: str = "toolledger", *, pool_size: int = 2) -> None:
+    def __init__(
+        self, dsn: str, schema: str = "toolledger", *, pool_size: int = 2, create: bool = True
+    ) -> None:
         self._dsn = dsn
+        self._create = create
         self._schema = check_schema_name(schema)
         self._pool_size = pool_size
         self._pool: asyncpg.Pool[asyncpg.Record] | None = None
@@ -261,7 +265,7 @@ class PostgresTokens(TokenStore):
                 )
                 try:
                     async with pool.acquire() as conn:
-                        await migrate(conn, self._schema)
+                        await migrate(conn, self._schema, create=self._create)
                 except BaseException:
                     await pool.close()
                     raise

@@ -33,9 +33,17 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "toolledger.cli.dev:dev",
         "Run PostgreSQL and a Kafka broker for development and tests.",
     ),
+    "migrate": (
+        "toolledger.cli.migrate:migrate",
+        "Create the ledger's PostgreSQL schema (TOOLLEDGER_SCHEMA) or apply pending migrations.",
+    ),
     "server": (
         "toolledger.cli.server:server",
         "Run every server role: projector, reconciler, resumer, API and console (TOOLLEDGER_*).",
+    ),
+    "status": (
+        "toolledger.cli.status:status",
+        "Show a running deployment: partitions, owners, leaders, lag, halts, paused runs.",
     ),
     "projector": (
         "toolledger.cli.projector:projector",

@@ -18,7 +18,7 @@ import click
 from rich.console import Console
 
 from toolledger.cli import entry
-from toolledger.cli.entry import CommandFailed, ExitStatus
+from toolledger.cli.entry import ExitStatus
 
 
 @click.command()
@@ -33,15 +33,9 @@ from toolledger.cli.entry import CommandFailed, ExitStatus
 )
 def demo(which: str, stack: bool, keep: bool) -> None:
     """Run an example: billing reconciliation (default) or Penny the refund bot."""
-    try:
-        from examples.billing_reconciliation import demo as billing_demo
-        from examples.penny_refund_bot import bot
-    except ImportError as exc:
-        raise CommandFailed(
-            f"the examples are not importable ({exc}); run it from a checkout installed with "
-            "`pip install -e .` (make demo does)",
-            ExitStatus.USAGE,
-        ) from exc
+    from toolledger.examples.billing_reconciliation import demo as billing_demo
+    from toolledger.examples.penny_refund_bot import bot
+
     # Piped, 120 columns: wide enough that no key or event name is split, narrow enough for
     # the demo's rules (a pipe's usual 2,000 would draw each across a screen).
     console = entry.console(pipe_width=120)
@@ -62,7 +56,6 @@ async def _on_stack(console: Console, keep: bool) -> None:
     that point other commands at its ledger, and removes the schema and topics at the end
     unless `keep`.
     """
-    from examples.billing_reconciliation import demo as billing_demo
     from toolledger import Ledger
     from toolledger.cli.dev import DEV_KEY_FILE, dev_signing_key
     from toolledger.devstack import (
@@ -73,6 +66,7 @@ async def _on_stack(console: Console, keep: bool) -> None:
         resolve_services,
     )
     from toolledger.events.signing import SigningKey
+    from toolledger.examples.billing_reconciliation import demo as billing_demo
     from toolledger.settings import OperatorSettings, ProjectorSettings, load_settings
 
     project = find_project_dir()

@@ -83,6 +83,7 @@ def _statuses() -> _StatusTable:
     FastAPI, which `toolledger --help` must not import.
     """
     from aiokafka.errors import KafkaError
+    from asyncpg import ClientConfigurationError
 
     from toolledger.api.errors import Conflict, InvalidRequest, Misconfigured, NotFound, Unavailable
     from toolledger.devstack import DevStackError, DevStackMissing
@@ -90,10 +91,12 @@ def _statuses() -> _StatusTable:
     from toolledger.events.log import LogError, LogIdentityError, TopicMissing
     from toolledger.events.signing import KeySetMismatch
     from toolledger.projections.dberrors import DATABASE_ERRORS
+    from toolledger.projections.migrations import SchemaMissing
     from toolledger.runtime.agents import AgentConfigError
 
     return (
         (ConfigError, ExitStatus.USAGE),
+        (SchemaMissing, ExitStatus.USAGE),
         (AgentConfigError, ExitStatus.USAGE),
         (InvalidRequest, ExitStatus.USAGE),
         (Misconfigured, ExitStatus.USAGE),
@@ -108,6 +111,7 @@ def _statuses() -> _StatusTable:
         (LogError, ExitStatus.UNAVAILABLE),
         (DevStackError, ExitStatus.UNAVAILABLE),
         (KafkaError, ExitStatus.UNAVAILABLE),
+        (ClientConfigurationError, ExitStatus.USAGE),  # a DSN option asyncpg refuses
         (DATABASE_ERRORS, ExitStatus.UNAVAILABLE),
     )
 
@@ -144,6 +148,8 @@ def message(exc: BaseException) -> str:
         return f"stopped: {exc}"
     if isinstance(exc, ToolLedgerError):
         return str(exc)
+    if type(exc).__name__ == "ClientConfigurationError":  # asyncpg's, not imported for a name
+        return f"TOOLLEDGER_DATABASE_URL cannot be used: {exc}"
     return f"a service did not answer ({exc!r}); run the command again once it is up"
 
 

@@ -93,7 +93,9 @@ async def _store(settings: Settings, schema: str | None = None) -> PostgresLedge
     keys = VerifyKeys()
     if schema is not None and isinstance(settings, ProjectorSettings):
         keys = settings.require_verify_keys()
-    store = PostgresLedger(database_url, schema or settings.schema_name, verify_keys=keys)
+    store = PostgresLedger(
+        database_url, schema or settings.schema_name, verify_keys=keys, create=schema is not None
+    )
     await store.start()
     return store
 
@@ -233,7 +235,11 @@ def replay_command(into: str | None, verify: bool, processes: int) -> None:
         database_url, bootstrap = settings.require_services()
         log = KafkaLog(bootstrap, settings.events_topic)
         await log.start()
-        live = await _store(settings)
+        try:
+            live = await _store(settings)
+        except BaseException:
+            await log.close()  # no producer left for the garbage collector to complain about
+            raise
         fresh: LedgerStore | None = None
         try:
             fresh = await _store(settings, into) if into else MemoryLedger(verify_keys=keys)
@@ -349,7 +355,11 @@ def audit_command(
         _, bootstrap = settings.require_services()
         log = KafkaLog(bootstrap, settings.events_topic)
         await log.start()
-        store = await _store(settings)
+        try:
+            store = await _store(settings)
+        except BaseException:
+            await log.close()
+            raise
         try:
             if as_of is not None:
                 return await _as_of(log, settings, as_of, into, key)

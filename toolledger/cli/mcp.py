@@ -81,11 +81,12 @@ def serve(
     from toolledger.api.compensation import load_tools
 
     try:
+        # First: without the extra, no setting would make this command run.
+        importlib.import_module("toolledger.integrations.mcp")
         settings = load_settings()
         if not memory:
             settings.require_services()
         registry = load_tools(tools)
-        importlib.import_module("toolledger.integrations.mcp")  # without the extra: say so now
     except (ConfigError, ValueError, ImportError) as exc:
         click.echo(f"toolledger mcp serve: {exc}", err=True)
         sys.exit(2)

@@ -124,7 +124,10 @@ async def _run(
     required=True,
     metavar="MODULE",
     help="Module declaring the Toolsets/Tools whose hooks to ask (repeatable, or comma-separated); "
-    "it must be importable here: installed, or a package under the working directory.",
+    "it must be importable here: installed, or a package under the working directory. Every "
+    "reconciler of one --group must load the same modules: the group splits the partitions "
+    "between its members, and a member that lacks a tool leaves that tool's unknown calls in "
+    "its partitions to an operator.",
 )
 @click.option(
     "--max-attempts",
@@ -194,7 +197,12 @@ def reconciler(
     scan_every: float,
     concurrency: int,
 ) -> None:
-    """Settle unknown calls with their tools' reconcile hooks (configured by TOOLLEDGER_*)."""
+    """Settle unknown calls with their tools' reconcile hooks (configured by TOOLLEDGER_*).
+
+    Run several with the same --group (the default one included) and the same --tools: they
+    share the facts partitions, so each must be able to ask every tool's hook. Reconcilers
+    with other tools belong in another --group.
+    """
     from toolledger.processors.schedule import ReconcilePolicy
 
     configure_logging(logging.INFO)

@@ -48,7 +48,7 @@ def _run(body: Callable[[PostgresTokens], Coroutine[Any, Any, _T]]) -> _T:
             raise ConfigError(
                 "TOOLLEDGER_DATABASE_URL must be set (or run `toolledger dev up` for a local stack)"
             )
-        store = PostgresTokens(settings.database_url, settings.schema_name)
+        store = PostgresTokens(settings.database_url, settings.schema_name, create=False)
         try:
             return await body(store)
         finally:

@@ -215,7 +215,8 @@ class _Drill:
         (self.home / "logs").mkdir(exist_ok=True)
         (self.home / "results").mkdir(exist_ok=True)
         procs = Procs(self.home / "logs", self.env)
-        stack = await LedgerStack.connect(self.settings)
+        # The drill builds the deployment it tortures: its schema first, as `migrate` would.
+        stack = await LedgerStack.connect(self.settings, create_schema=True)
         db = LedgerDB(self.services.database_url, self.schema)
         tasks: list[asyncio.Task[None]] = []
         try:

@@ -66,6 +66,7 @@ from toolledger.events.log import (
     epoch_marker,
     identity_from_offset_zero,
     record_size,
+    topic_missing,
 )
 from toolledger.events.pacing import BOUND_S, IdleBackoff
 
@@ -233,7 +234,7 @@ class KafkaLog(EventLog):
     async def partition_count(self) -> int:
         partitions = await self._partitions()
         if partitions is None:
-            raise TopicMissing(_missing(self.topic))
+            raise TopicMissing(topic_missing(self.topic))
         return partitions
 
     async def append(
@@ -481,10 +482,6 @@ async def _start(consumer: AIOKafkaConsumer, failure: str) -> None:
         if isinstance(exc, KafkaError):
             raise LogError(f"{failure}: {exc!r}") from exc
         raise
-
-
-def _missing(topic: str) -> str:
-    return f"topic {topic} does not exist: create it with ensure_topic (or create_topic) first"
 
 
 def _record(record: Any) -> LogRecord:

@@ -37,6 +37,7 @@ from toolledger.events.models import (
     RunFinished,
     RunPaused,
     RunResumed,
+    RunResumeFailed,
     RunStarted,
 )
 from toolledger.events.records import (
@@ -145,6 +146,8 @@ def _dispatch(d: _Decision, event: Event) -> Verdict:
             return _compensation_outcome(d, event)
         case RunStarted() | RunCheckpointed() | RunPaused() | RunResumed() | RunFinished():
             return _run_event(d, event)
+        case RunResumeFailed():
+            return _resume_failed(d, event)
     raise TypeError(f"the decider has no rule for event type {event.type!r}")
 
 
@@ -223,6 +226,7 @@ def new_run(run_id: str, tenant_id: str | None, at: datetime | None) -> RunRecor
             "quarantined": False,
             "quarantine_reason": None,
             "updated_at": at,
+            "resume_error": None,
         },
     )
 
@@ -625,6 +629,7 @@ def _run_event(
         case _:
             assert_never(e)
     update["updated_at"] = e.occurred_at
+    update["resume_error"] = None
     new = replace(run, update)
     return d.accept(f"run {e.run_id} {e.type}", run=new)
 
@@ -657,4 +662,28 @@ def _framework_pause(d: _Decision, e: RunPaused | RunResumed) -> Verdict:
     else:
         update = {"status": "running", "waiting_on": None}
     update["updated_at"] = e.occurred_at
+    update["resume_error"] = None
     return d.accept(f"run {e.run_id} {e.type}", run=replace(run, update))
+
+
+def _resume_failed(d: _Decision, e: RunResumeFailed) -> Verdict:
+    """The resumer marks a paused run whose resume hook kept failing. Only the pause it was
+    about: a run that moved on (resumed, paused on another call, finished) is not marked."""
+    run = d.run
+    if run is None:
+        return d.reject("unknown_run", f"run {e.run_id} is not in the ledger")
+    if run.status in _FINISHED:
+        return d.reject("run_finished", f"run {e.run_id} is {run.status}")
+    if run.waiting_on != e.waiting_on:
+        return d.reject(
+            "status_mismatch",
+            f"run {e.run_id} is {run.status}"
+            + (f", waiting on {run.waiting_on}" if run.waiting_on else "")
+            + f"; its resume failure while waiting on {e.waiting_on} is out of date",
+        )
+    error = (
+        f"the resume hook failed {e.attempts} time{'s' if e.attempts != 1 else ''} "
+        f"after {e.waiting_on} was settled; last error: {e.error}"
+    )
+    new = replace(run, {"resume_error": error, "updated_at": e.occurred_at})
+    return d.accept(f"run {e.run_id} marked: {error}", run=new)

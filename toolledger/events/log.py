@@ -38,6 +38,16 @@ class TopicMissing(LogError):
     code = "topic_missing"
 
 
+def topic_missing(topic: str) -> str:
+    """What to do about a topic that is not there: the command that creates the ledger's
+    topics, in the words of the people who meet it (a command line, not a Python API)."""
+    return (
+        f"topic {topic} does not exist: start `toolledger projector` (or `toolledger server`) "
+        "once against this Kafka, it creates the ledger's topics, or check "
+        "TOOLLEDGER_TOPIC_PREFIX and TOOLLEDGER_KAFKA_BOOTSTRAP"
+    )
+
+
 class LogIdentityError(LogError):
     """The log is not the one the ledger was built from; says what happened and what to do."""
 

@@ -32,6 +32,7 @@ from toolledger.events.log import (
     epoch_marker,
     identity_from_offset_zero,
     partition_for,
+    topic_missing,
 )
 
 
@@ -196,12 +197,8 @@ class MemoryLog(EventLog):
     def _existing(self) -> _Topic:
         topic = self.broker._get(self.topic)
         if topic is None:
-            raise TopicMissing(_missing(self.topic))
+            raise TopicMissing(topic_missing(self.topic))
         return topic
-
-
-def _missing(topic: str) -> str:
-    return f"topic {topic} does not exist: create it with ensure_topic (or create_topic) first"
 
 
 class MemoryReader(LogReader):
@@ -227,7 +224,7 @@ class MemoryReader(LogReader):
     async def assign(self, positions: Mapping[int, int]) -> None:
         topic = self._broker._get(self._topic)
         if topic is None:
-            raise TopicMissing(_missing(self._topic))
+            raise TopicMissing(topic_missing(self._topic))
         for partition, offset in positions.items():
             if not 0 <= partition < len(topic.partitions):
                 raise LogError(

@@ -408,6 +408,19 @@ class RunResumed(RunEvent):
     expected_version: Long | None = None
 
 
+class RunResumeFailed(RunEvent):
+    """The resumer gave up on a paused run whose wait is over: the host's resume hook raised
+    `attempts` times in a row, the last time with `error`. The run stays paused and is marked
+    with the error until its driver moves it on (a resume, a checkpoint, its end); a resumer
+    that starts tries every run whose wait is over again. Appended by `toolledger resumer`."""
+
+    type: Literal["run_resume_failed"] = "run_resume_failed"
+    #: The call the pause waits on: a mark about an older pause of the run is rejected.
+    waiting_on: str
+    attempts: Long
+    error: str
+
+
 class RunFinished(RunEvent):
     """The run ended; it reserves no more calls."""
 
@@ -434,6 +447,7 @@ AnyEvent = Annotated[
     | RunCheckpointed
     | RunPaused
     | RunResumed
+    | RunResumeFailed
     | RunFinished,
     Field(discriminator="type"),
 ]
@@ -455,5 +469,6 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     RunCheckpointed,
     RunPaused,
     RunResumed,
+    RunResumeFailed,
     RunFinished,
 )

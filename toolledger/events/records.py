@@ -118,7 +118,7 @@ class CallRecord(BaseModel):
 
 #: CallRecord fields added after schema v1; `ledger_form` leaves them out at their defaults.
 _CALL_FIELDS_SINCE_V1 = ("contested", "contested_evidence", "arguments_blob", "result_blob")
-_RUN_FIELDS_SINCE_V1 = ("state_blob",)
+_RUN_FIELDS_SINCE_V1 = ("state_blob", "resume_error")
 
 
 def _without_new_defaults(record: BaseModel, added: tuple[str, ...]) -> dict[str, Any]:
@@ -154,6 +154,9 @@ class RunRecord(BaseModel):
     quarantined: bool = False
     quarantine_reason: str | None = None
     updated_at: datetime | None = None
+    #: Set by an accepted `run_resume_failed`: the resume hook kept failing for this pause
+    #: (how often, and its last error). Cleared by the run's next accepted run event.
+    resume_error: str | None = None
 
     def ledger_form(self) -> dict[str, Any]:
         """As `CallRecord.ledger_form`: the fields added after v1 left out at their defaults."""

@@ -164,7 +164,8 @@ def failed_text(tool: str, key: str, error: str | None, *, may_retry: bool) -> s
         if may_retry
         else "Do not call it again with the same arguments unless the cause has been fixed."
     )
-    return f"{tool} did not take effect: {error or 'no reason recorded'}. {then}"
+    cause = (error or "no reason recorded").rstrip().rstrip(".")  # its period: ours follows
+    return f"{tool} did not take effect: {cause}. {then}"
 
 
 def indeterminate_text(tool: str, key: str) -> str:

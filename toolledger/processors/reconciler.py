@@ -15,6 +15,11 @@ on evidence (guarantee 6). This processor gathers the evidence continuously:
    `ReconcileAttempted`), settled through the call protocol (`CallProtocol.settle`, a bounded
    `CallWaits`) like any other request, carrying the reservation and the record version the
    reconciler saw. No verdict in time (`LedgerUnavailable`): the call is asked again later.
+   Whatever the hook does (raises, exits, cancels itself, answers a value too large to
+   record) is a recorded attempt (`toolledger.runtime.reconcile`), so it is counted, backed
+   off on and, after `max_attempts`, left to an operator with a warning; nothing a hook does
+   stops this process or makes it ask again at once. A question that fails outside the hook
+   (a read, an append) is asked again after `retry_after`, doubled each time.
 
 A tool whose downstream replays its first answer for a repeated key
 (`external(replays_key_for=...)`) has no hook: its due calls are resent with the same key
@@ -61,6 +66,7 @@ from toolledger.errors import LedgerUnavailable
 from toolledger.events.fold import HistoryEntry
 from toolledger.events.lifecycle import may_still_run
 from toolledger.events.models import utcnow
+from toolledger.events.payloads import PayloadRefused, PayloadTooLarge
 from toolledger.events.records import CallRecord, Verdict
 from toolledger.extras import MissingExtra
 from toolledger.modules import ModuleLoadError, import_user_module
@@ -71,7 +77,7 @@ from toolledger.processors.schedule import ReconcilePolicy, exhausted, is_due
 from toolledger.processors.unsettled import UnsettledRun, fold_fact, parse_facts
 from toolledger.projections.facts import Fact
 from toolledger.runtime.protocol import CallProtocol, CallWaits
-from toolledger.runtime.reconcile import ask_hook, finding_for
+from toolledger.runtime.reconcile import ask_hook, finding_for, unrecordable
 from toolledger.runtime.resend import past_window, settle_by_resend, window_passed
 from toolledger.runtime.tools import Tool, Toolset
 from toolledger.settings import Settings
@@ -90,6 +96,9 @@ FINDINGS = Counter(
 )
 
 AnyTool = Tool[Any, Any]
+#: The longest wait before asking again about a call whose question failed outside the hook
+#: (a read, an unrecordable answer's own append): `retry_after` doubles up to it.
+_MAX_RETRY_S = 300.0
 #: A compensation call is keyed `<run_id>:<tool_call_id>:compensate`.
 COMPENSATE_SUFFIX = ":compensate"
 RECONCILE_SPAN = "toolledger.reconcile"
@@ -154,6 +163,7 @@ class Reconciler:
         self._asked: set[tuple[str, int]] = set()
         self._retry_at: dict[tuple[str, int], float] = {}
         self._exhausted: set[tuple[str, int]] = set()
+        self._failures: dict[tuple[str, int], int] = {}
         self._told: set[str] = set()
 
     def policy_for(self, tool: str) -> ReconcilePolicy:
@@ -205,6 +215,7 @@ class Reconciler:
         self._asked &= seen
         self._exhausted &= seen
         self._retry_at = {m: t for m, t in self._retry_at.items() if m in seen}
+        self._failures = {m: n for m, n in self._failures.items() if m in seen}
         return started
 
     @property
@@ -243,7 +254,12 @@ class Reconciler:
                         span.set_attribute(names.FINDING, found.status)
                         asked = finding_for(record, tool, found, self.clock())
                         finding = asked.type
-                        verdict = await self.protocol.settle(asked)
+                        try:
+                            verdict = await self.protocol.settle(asked)
+                        except (PayloadTooLarge, PayloadRefused) as exc:
+                            asked = unrecordable(record, asked, exc, self.clock())
+                            finding = asked.type
+                            verdict = await self.protocol.settle(asked)
                 except LedgerUnavailable as exc:
                     FINDINGS.labels(tool.name, finding, "unavailable").inc()
                     span.set_attribute(names.VERDICT, "unavailable")
@@ -254,10 +270,18 @@ class Reconciler:
                     return
                 span.set_attribute(names.VERDICT, verdict.reason)
             self._asked.add(mark)
+            self._failures.pop(mark, None)
             self._report(tool, finding, verdict)
         except Exception:
-            log.exception("reconciling %s failed; asking again later", record.key)
-            self._retry_at[mark] = time.monotonic() + self.retry_after
+            failures = self._failures[mark] = self._failures.get(mark, 0) + 1
+            delay = min(self.retry_after * 2 ** min(failures - 1, 16), _MAX_RETRY_S)
+            log.exception(
+                "reconciling %s (run %s) failed; asking again in %.1fs",
+                record.key,
+                record.run_id,
+                delay,
+            )
+            self._retry_at[mark] = time.monotonic() + delay
         finally:
             self._running.pop(mark, None)
 

@@ -101,6 +101,7 @@ RUN_TYPES: dict[str, str] = {
     "quarantined": "boolean",
     "quarantine_reason": "text",
     "updated_at": "timestamptz",
+    "resume_error": "text",
 }
 VERDICT_TYPES: dict[str, str] = {
     "event_id": "uuid",

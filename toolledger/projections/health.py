@@ -15,6 +15,9 @@ places, all read from here:
 Each names the partition, the offset it stopped at and what to deploy: the projector's reason
 already says all three (`toolledger.projections.decoding`).
 
+Each halt is also recorded beside the partition's offset in PostgreSQL (`record_halts`, on the
+same timer as the lag), so `toolledger status`, in any process, shows it too.
+
 Lag is the log's end offset minus the projector's next offset, per owned partition. End offsets
 are read only for this (never for correctness) every `interval` seconds by `ProjectorHealth.run`
 and cached, so a scrape or a probe costs no request to Kafka; against the development broker
@@ -31,6 +34,7 @@ from dataclasses import dataclass
 from prometheus_client import Gauge
 
 from toolledger.events.log import EventLog, LogError
+from toolledger.projections.dberrors import database_errors
 from toolledger.projections.projector import Projector
 
 log = logging.getLogger("toolledger.projector")
@@ -94,6 +98,7 @@ class ProjectorHealth:
         self.interval = interval
         self._ends: dict[int, int] = {}
         self._shown: set[int] = set()
+        self._recorded: dict[int, str | None] = {}
 
     def lag(self) -> dict[int, int]:
         """Records behind the log's end per owned partition (as of the last read; none before)."""
@@ -109,6 +114,26 @@ class ProjectorHealth:
         with contextlib.suppress(LogError, NotImplementedError):
             self._ends = await self.log.end_offsets()
         self.update_gauges()
+        await self.record_halts()
+
+    async def record_halts(self) -> None:
+        """Write each owned partition's halt (or its absence) where `toolledger status` reads
+        it, when it changed; a database that does not answer is tried again next time."""
+        stops = {h.partition: h for h in halted(self.projector)}
+        owned = set(self.projector.owned) | set(stops)
+        for partition in sorted(owned):
+            stop = stops.get(partition)
+            reason = None if stop is None else stop.reason
+            if partition in self._recorded and self._recorded[partition] == reason:
+                continue
+            offset = -1 if stop is None else stop.offset
+            try:
+                await self.projector.store.record_halt(partition, offset, reason)
+            except database_errors() as exc:
+                log.debug("partition %d's halt not recorded yet (%r)", partition, exc)
+                continue
+            self._recorded[partition] = reason
+        self._recorded = {p: r for p, r in self._recorded.items() if p in owned}
 
     def update_gauges(self) -> None:
         stopped = self.projector.stats.halted

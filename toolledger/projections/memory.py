@@ -58,6 +58,8 @@ class MemoryLedger(LedgerStore):
         self._published: dict[int, int] = {}
         self._registered = VerifyKeys()
         self._blobs: dict[str, bytes] = {}
+        #: Halted partitions and why (`record_halt`): nobody outside this process reads them.
+        self.halts: dict[int, str] = {}
 
     @property
     def fold(self) -> LedgerFold:
@@ -155,8 +157,14 @@ class MemoryLedger(LedgerStore):
             return select_calls((calls[k] for k in keys), query)
         return select_calls(calls.values(), query)
 
+    async def record_halt(self, partition: int, offset: int, reason: str | None) -> None:
+        if reason is None:
+            self.halts.pop(partition, None)
+        else:
+            self.halts[partition] = reason
+
     async def call_stats(self, now: datetime, older_than: Sequence[float]) -> CallStats:
-        return count_calls(self._fold.calls.values(), now, older_than)
+        return count_calls(self._fold.calls.values(), now, older_than, self._fold.runs.values())
 
     async def status_counts(self, tenant_id: str | None, deadline_before: datetime) -> StatusCounts:
         return count_statuses(self._fold.calls.values(), tenant_id, deadline_before)

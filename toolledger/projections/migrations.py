@@ -9,6 +9,13 @@ together; a failing file leaves the schema as it was.
 
 All objects live in one schema (`toolledger` in production, a fresh one per test): the runner
 sets `search_path` for its transaction and the SQL files stay unqualified.
+
+Only what builds the ledger creates the schema (`create=True`: the projector, `toolledger
+server`, `toolledger migrate`, a replay into a new schema). Everything else (runtimes, the API,
+the CLI's reads) passes `create=False` and gets `SchemaMissing` for a schema that holds no
+ledger, so a mistyped `TOOLLEDGER_SCHEMA` is an error naming the setting, not a new, empty
+ledger that answers every question with "nothing". An existing ledger still gets its pending
+migrations from whoever starts first.
 """
 
 from __future__ import annotations
@@ -17,6 +24,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias
+
+from toolledger.errors import ToolLedgerError
 
 if TYPE_CHECKING:
     import asyncpg
@@ -28,6 +37,22 @@ MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 
 _FILE_NAME = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
 _SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+
+
+class SchemaMissing(ToolLedgerError):
+    """The ledger's schema does not exist (or holds no ledger), and this process does not
+    create one: the setting is wrong, or nothing built the ledger yet."""
+
+    code = "schema_missing"
+
+    def __init__(self, schema: str) -> None:
+        super().__init__(
+            f"the ledger schema {schema!r} does not exist in this database "
+            "(TOOLLEDGER_SCHEMA): check the setting, or create the ledger with "
+            "`toolledger migrate` (`toolledger projector` and `toolledger server` create it "
+            "too when they start)"
+        )
+        self.schema = schema
 
 
 @dataclass(frozen=True)
@@ -65,8 +90,11 @@ def load_migrations(directory: Path = MIGRATIONS_DIR) -> list[Migration]:
     return found
 
 
-async def migrate(conn: Conn, schema: str, migrations: list[Migration] | None = None) -> list[int]:
-    """Apply the pending migrations to `schema` (created if missing); return their versions."""
+async def migrate(
+    conn: Conn, schema: str, migrations: list[Migration] | None = None, *, create: bool = True
+) -> list[int]:
+    """Apply the pending migrations to `schema`; return their versions. A schema that does
+    not exist, or holds no ledger, is created with `create`, else `SchemaMissing`."""
     check_schema_name(schema)
     pending = load_migrations() if migrations is None else migrations
     async with conn.transaction():
@@ -77,6 +105,12 @@ async def migrate(conn: Conn, schema: str, migrations: list[Migration] | None = 
         # Checked before CREATE SCHEMA because that needs the CREATE privilege even when the
         # schema exists, and a deployment may grant only usage on a schema a DBA made.
         exists = await conn.fetchval("SELECT 1 FROM pg_namespace WHERE nspname = $1", schema)
+        if not create:
+            ledger = await conn.fetchval(
+                "SELECT to_regclass($1)", f"{quote_ident(schema)}.schema_migrations"
+            )
+            if exists is None or ledger is None:
+                raise SchemaMissing(schema)
         if exists is None:
             await conn.execute(f"CREATE SCHEMA {quote_ident(schema)}")
         await conn.execute("SELECT set_config('search_path', $1, true)", quote_ident(schema))

@@ -117,6 +117,7 @@ _LIST_RUNS = _select(
     "runs",
     _RUN_COLUMNS,
     "WHERE status = ANY($1::text[]) AND ($2::text IS NULL OR tenant_id = $2) "
+    "AND (NOT $4::boolean OR resume_error IS NOT NULL) "
     "ORDER BY updated_at NULLS FIRST, run_id LIMIT $3",
 )
 _VERDICTS = VERDICTS_BY_ID
@@ -176,6 +177,11 @@ _MARK_FACTS_PUBLISHED = (
 )
 
 _COUNT_BY_STATUS = "SELECT status, count(*) AS n FROM tool_executions GROUP BY status"
+_HALTED = "UPDATE projection_offsets SET halted = $3 WHERE partition = $1 AND next_offset = $2"
+_HALT_CLEARED = (
+    "UPDATE projection_offsets SET halted = NULL WHERE partition = $1 AND halted IS NOT NULL"
+)
+_COUNT_RESUME_FAILED = "SELECT count(*) FROM runs WHERE resume_error IS NOT NULL"
 _COUNT_TENANT = (
     "SELECT status, count(*) AS n, count(*) FILTER (WHERE deadline < $2) AS overdue "
     "FROM tool_executions WHERE $1::text IS NULL OR tenant_id = $1 GROUP BY status"
@@ -460,8 +466,10 @@ class PostgresLedger(LedgerStore):
         verify_keys: VerifyKeys | None = None,
         pool_size: int = 4,
         synchronous_apply: bool = False,
+        create: bool = True,
     ) -> None:
         self._dsn = dsn
+        self._create = create
         self._synchronous_apply = synchronous_apply
         self._small = _SMALL if synchronous_apply else _SMALL_RELAXED
         self._known: dict[int, _Known] = {}
@@ -498,8 +506,12 @@ class PostgresLedger(LedgerStore):
                 init=_init_connection,
                 reset=_keep_session,
             )
-        async with self._pool.acquire() as conn:
-            await migrate(conn, self._schema)
+        try:
+            async with self._pool.acquire() as conn:
+                await migrate(conn, self._schema, create=self._create)
+        except BaseException:
+            await self.close()
+            raise
 
     async def close(self) -> None:
         """Close the pool: gracefully within `CLOSE_TIMEOUT`, else by terminating it (a
@@ -519,6 +531,12 @@ class PostgresLedger(LedgerStore):
                 f"the PostgreSQL ledger ({self._schema}) is not started: await start()"
             )
         return self._pool
+
+    async def record_halt(self, partition: int, offset: int, reason: str | None) -> None:
+        if reason is None:
+            await self._db.execute(_HALT_CLEARED, partition)
+        else:  # only while the row is still at the halt: an owner since then has moved it
+            await self._db.execute(_HALTED, partition, offset, reason)
 
     async def bind_log(self, identity: LogIdentity) -> dict[int, PartitionState]:
         async with self._db.acquire() as conn, conn.transaction():
@@ -682,9 +700,14 @@ class PostgresLedger(LedgerStore):
         return None if row is None else RunRecord.model_validate(dict(row))
 
     async def list_runs(
-        self, statuses: Collection[str], tenant_id: str | None = None, limit: int = 500
+        self,
+        statuses: Collection[str],
+        tenant_id: str | None = None,
+        limit: int = 500,
+        *,
+        resume_failed: bool = False,
     ) -> list[RunRecord]:
-        rows = await self._db.fetch(_LIST_RUNS, sorted(statuses), tenant_id, limit)
+        rows = await self._db.fetch(_LIST_RUNS, sorted(statuses), tenant_id, limit, resume_failed)
         return [RunRecord.model_validate(dict(row)) for row in rows]
 
     async def history(self, key: str) -> list[HistoryEntry]:
@@ -706,7 +729,8 @@ class PostgresLedger(LedgerStore):
         )
         for row in rows:
             unsettled[(row["status"], float(row["bound"]))] = int(row["n"])
-        return CallStats(by_status=by_status, unsettled=unsettled)
+        resume_failed = await self._db.fetchval(_COUNT_RESUME_FAILED)
+        return CallStats(by_status=by_status, unsettled=unsettled, resume_failed=resume_failed)
 
     async def status_counts(self, tenant_id: str | None, deadline_before: datetime) -> StatusCounts:
         rows = await self._db.fetch(_COUNT_TENANT, tenant_id, deadline_before)

@@ -128,16 +128,22 @@ class CallStats:
     `unsettled[(status, seconds)]` counts the `started` and `indeterminate` calls whose record
     has not changed for at least `seconds` (cumulative, so "indeterminate for over an hour" is
     one number to alert on). Every (status, bound) asked for is present, zeros included.
+    `resume_failed` counts the runs marked by `run_resume_failed` (their resume hook failed
+    every try) that have not moved on since.
     """
 
     by_status: dict[str, int]
     unsettled: dict[tuple[str, float], int]
+    resume_failed: int = 0
 
 
 def count_calls(
-    calls: Iterable[CallRecord], now: datetime, older_than: Sequence[float]
+    calls: Iterable[CallRecord],
+    now: datetime,
+    older_than: Sequence[float],
+    runs: Iterable[RunRecord] = (),
 ) -> CallStats:
-    """`CallStats` by scanning `calls` (the reference for the adapters' queries)."""
+    """`CallStats` by scanning `calls` and `runs` (the reference for the adapters' queries)."""
     by_status: dict[str, int] = {}
     unsettled: dict[tuple[str, float], int] = {
         (s, float(b)): 0 for s in sorted(UNSETTLED) for b in older_than
@@ -149,7 +155,8 @@ def count_calls(
             for bound in older_than:
                 if age >= bound:
                     unsettled[(call.status, float(bound))] += 1
-    return CallStats(by_status=by_status, unsettled=unsettled)
+    resume_failed = sum(1 for run in runs if run.resume_error is not None)
+    return CallStats(by_status=by_status, unsettled=unsettled, resume_failed=resume_failed)
 
 
 class LedgerStore(ABC):
@@ -238,14 +245,22 @@ class LedgerStore(ABC):
         return select_calls((await self.snapshot()).calls.values(), query)
 
     async def list_runs(
-        self, statuses: Collection[str], tenant_id: str | None = None, limit: int = 500
+        self,
+        statuses: Collection[str],
+        tenant_id: str | None = None,
+        limit: int = 500,
+        *,
+        resume_failed: bool = False,
     ) -> list[RunRecord]:
-        """Runs in one of `statuses` (e.g. the paused ones), oldest change first. This default
-        scans a snapshot; adapters answer from an index."""
+        """Runs in one of `statuses` (e.g. the paused ones), oldest change first; with
+        `resume_failed`, only those marked by `run_resume_failed`. This default scans a
+        snapshot; adapters answer from an index."""
         runs = [
             r
             for r in (await self.snapshot()).runs.values()
-            if r.status in statuses and (tenant_id is None or r.tenant_id == tenant_id)
+            if r.status in statuses
+            and (tenant_id is None or r.tenant_id == tenant_id)
+            and (r.resume_error is not None or not resume_failed)
         ]
         runs.sort(key=lambda r: (r.updated_at is None, r.updated_at, r.run_id))
         return runs[:limit]
@@ -253,12 +268,18 @@ class LedgerStore(ABC):
     async def call_stats(self, now: datetime, older_than: Sequence[float]) -> CallStats:
         """Calls per status and unsettled calls per age bound (see `CallStats`), as of `now`.
         This default scans a snapshot; adapters count in place."""
-        return count_calls((await self.snapshot()).calls.values(), now, older_than)
+        snapshot = await self.snapshot()
+        return count_calls(snapshot.calls.values(), now, older_than, snapshot.runs.values())
 
     async def status_counts(self, tenant_id: str | None, deadline_before: datetime) -> StatusCounts:
         """The tenant's calls per status and its `started` calls whose deadline passed before
         `deadline_before` (the console's counts). This default scans a snapshot."""
         return count_statuses((await self.snapshot()).calls.values(), tenant_id, deadline_before)
+
+    @abstractmethod
+    async def record_halt(self, partition: int, offset: int, reason: str | None) -> None:
+        """Record that this process's projector halted `partition` at `offset` and why (None:
+        it is not halted), for `toolledger status`; the fold never reads it."""
 
     @abstractmethod
     async def register_verify_keys(self) -> VerifyKeys:

@@ -59,10 +59,16 @@ def call_label(tool: str, key: str) -> str:
     return f"{tool} (run {run_id}, call {tool_call_id})"
 
 
+def clause(text: object) -> str:
+    """`text` ready to be followed by ". ": its own closing period, if any, dropped (a cause
+    quoted inside a message must not leave "..")."""
+    return str(text).rstrip().rstrip(".")
+
+
 def not_attempted(tool: str, key: str, exc: Exception) -> LedgerUnavailable:
     """A call refused because its reservation was not acknowledged or decided in time."""
     return LedgerUnavailable(
-        f"call {call_label(tool, key)} was not attempted: {exc}. Its reservation is being "
+        f"call {call_label(tool, key)} was not attempted: {clause(exc)}. Its reservation is being "
         "abandoned in the background; calling again with the same tool_call_id is safe once the "
         "ledger is reachable."
     )
@@ -304,7 +310,8 @@ class ToolCallFailed(ToolCallError):
         else:
             next_step = "It had no effect; call it again only if the failure has been fixed."
         super().__init__(
-            f"call {call_label(tool, key)} failed: {error or 'no reason recorded'}. {next_step}",
+            f"call {call_label(tool, key)} failed: {clause(error or 'no reason recorded')}. "
+            f"{next_step}",
             key=key,
             tool=tool,
         )

@@ -13,10 +13,14 @@ reconciler got there first.
 - `failed`: `CallFailed(source="reconcile")`, but on a call that may still be running
   (`toolledger.events.lifecycle.may_still_run`) only an attempt, because its runtime may still
   be finishing it; the decider would reject the `failed`.
-- `unknown`, a hook that raised, overran the tool's timeout or returned something else:
-  `ReconcileAttempted`, numbered, which the decider counts and the schedule backs off on. Only
-  the reconciler records those (`settles` tells them apart): a runtime that learns nothing
-  answers its caller and leaves the counting to the reconciler's schedule.
+- `unknown`, a hook that raised (anything: `sys.exit()` and a stray `CancelledError`
+  included), overran the tool's timeout or returned something else: `ReconcileAttempted`,
+  numbered, which the decider counts and the schedule backs off on. Only the reconciler
+  records those (`settles` tells them apart): a runtime that learns nothing answers its caller
+  and leaves the counting to the reconciler's schedule.
+- an answer that cannot itself be recorded (a value over `TOOLLEDGER_PAYLOAD_MAX_BYTES`, a
+  refused blob): `unrecordable` makes it an attempt saying why, so it is counted like an
+  unknown answer instead of the hook being asked again at once.
 """
 
 from __future__ import annotations
@@ -114,12 +118,50 @@ async def ask_hook(
     try:
         async with asyncio.timeout(tool.timeout):
             found = await tool.reconcile(record, context)
-    except Exception as exc:
-        log.warning("reconcile hook of %s failed for %s: %r", tool.name, record.key, exc)
-        return ReconcileOutcome(status="unknown", detail=f"the hook failed: {exc!r}")
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise  # the reconciler is stopping: not the hook's answer
+        return _failed(tool, record, asyncio.CancelledError("the hook cancelled itself"))
+    except (Exception, SystemExit) as exc:  # a hook's sys.exit() must not end the reconciler
+        return _failed(tool, record, exc)
     if not isinstance(found, ReconcileOutcome):
         log.warning("reconcile hook of %s returned %r, not a ReconcileOutcome", tool.name, found)
         return ReconcileOutcome(
             status="unknown", detail=f"the hook returned {type(found).__name__}, not an outcome"
         )
     return found
+
+
+def _failed(tool: Tool[Any, Any], record: CallRecord, exc: BaseException) -> ReconcileOutcome:
+    log.warning(
+        "reconcile hook of %s failed for %s (run %s): %r",
+        tool.name,
+        record.key,
+        record.run_id,
+        exc,
+        exc_info=exc,
+    )
+    return ReconcileOutcome(status="unknown", detail=f"the hook failed: {exc!r}")
+
+
+def unrecordable(
+    record: CallRecord, finding: Finding, problem: Exception, now: datetime
+) -> Finding:
+    """What to record when `finding` itself cannot be (its value over the payload limit, or
+    refused by the store): an attempt that says so, counted and backed off like an unknown
+    answer, so the hook is not asked again at once and an operator sees why in the history."""
+    detail = bounded_text(
+        f"the hook answered {finding.type}, but that could not be recorded: {problem}"
+    )
+    return ReconcileAttempted(
+        key=record.key,
+        run_id=record.run_id,
+        tool_call_id=record.tool_call_id,
+        tenant_id=record.tenant_id,
+        occurred_at=now,
+        reservation_id=record.reservation_id,
+        expected_version=record.version,
+        attempt=record.reconcile_attempts + 1,
+        detail=detail,
+    )

@@ -25,7 +25,7 @@ run, so a model retrying with a new call id cannot charge twice.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, assert_never
 
@@ -44,7 +44,7 @@ from toolledger.runtime.ledger import Ledger
 from toolledger.runtime.pipeline import identity
 from toolledger.runtime.policy import Hold, drive_call
 from toolledger.runtime.run_events import RunEnvelope, append_run_event, run_envelope
-from toolledger.runtime.tools import Tool, Toolset
+from toolledger.runtime.tools import ToolsArg, tools_by_name
 
 Message = dict[str, Any]
 Transcript = list[Message]
@@ -107,7 +107,7 @@ class AgentRun:
         run_id: str,
         tenant_id: str,
         agent: AgentConfig,
-        tools: Iterable[Tool[Any, Any]] | Toolset,
+        tools: ToolsArg,
         model: Model,
     ) -> None:
         self.ledger = ledger
@@ -116,7 +116,7 @@ class AgentRun:
         self.tenant_id = tenant_id
         self.agent = agent
         self.policy = agent.tool_policy
-        self.tools = {tool.name: tool for tool in tools}
+        self.tools = tools_by_name(tools)
         self.model = model
         self.version = 0
         self.transcript: Transcript = []

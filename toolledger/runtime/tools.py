@@ -39,7 +39,7 @@ import contextlib
 import inspect
 import logging
 import textwrap
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, ParamSpec, TypeVar, get_type_hints
 
@@ -253,6 +253,34 @@ class Toolset:
     def get(self, name: str) -> Tool[Any, Any] | None:
         """The tool of that full name (`toolset.function`), if declared."""
         return self._tools.get(name)
+
+
+#: What `tools=` takes: a Toolset, or any mix of Tools and Toolsets (`[billing]`, `[a, b]`).
+ToolsArg = Toolset | Iterable["Tool[Any, Any] | Toolset"]
+
+
+def tools_by_name(tools: ToolsArg) -> dict[str, Tool[Any, Any]]:
+    """Every tool `tools` holds, by full name: the tools of each Toolset, and each Tool.
+
+    Anything else (a function that is not declared as a tool, a module, a name) is refused
+    here, when the caller is built, rather than later, when a call or a compensation cannot
+    find its tool. So are two different tools of one name.
+    """
+    found: dict[str, Tool[Any, Any]] = {}
+    items = [tools] if isinstance(tools, Toolset) else list(tools)
+    for item in items:
+        if isinstance(item, Toolset):
+            declared = list(item)
+        elif isinstance(item, Tool):
+            declared = [item]
+        else:
+            raise TypeError(
+                f"tools= takes Toolsets and tools declared with @toolset.tool(...), not {item!r}"
+            )
+        for tool in declared:
+            if found.setdefault(tool.name, tool) is not tool:
+                raise ValueError(f"two different tools are named {tool.name} in tools=")
+    return found
 
 
 def _field(index: int) -> str:

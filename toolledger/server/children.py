@@ -32,7 +32,9 @@ import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from toolledger.cli.entry import CommandFailed
 from toolledger.errors import ExitStatus
 from toolledger.settings import OperatorSettings, ProjectorSettings, Settings
 
@@ -129,9 +131,9 @@ class Children:
         self._env = child_environment(os.environ if environ is None else environ)
         self.started: list[Child] = []
 
-    async def start(self, role: str, args: Sequence[str]) -> Child:
-        """`python -m toolledger <args>` with this interpreter, its output the server's."""
-        process = await asyncio.create_subprocess_exec(
+    async def _spawn(self, args: Sequence[str], **streams: Any) -> asyncio.subprocess.Process:
+        """`python -m toolledger <args>` with this interpreter and the children's environment."""
+        return await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
             "toolledger",
@@ -139,11 +141,36 @@ class Children:
             env=self._env,
             stdin=asyncio.subprocess.DEVNULL,
             preexec_fn=_dies_with(os.getpid()) if sys.platform == "linux" else None,
+            **streams,
         )
+
+    async def start(self, role: str, args: Sequence[str]) -> Child:
+        """`python -m toolledger <args>`, its output the server's."""
+        process = await self._spawn(args)
         child = Child(role, process)
         self.started.append(child)
         log.info("started the %s (pid %d): toolledger %s", role, child.pid, " ".join(args))
         return child
+
+    async def check(self, option: str, args: Sequence[str], timeout: float = 60.0) -> None:
+        """Run `python -m toolledger <args>` to its end, as a child would run (this user code is
+        imported there, never in the server); `CommandFailed` naming `option` if it fails."""
+        process = await self._spawn(
+            args, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
+        )
+        try:
+            _, err = await asyncio.wait_for(process.communicate(), timeout)
+        except TimeoutError:
+            process.kill()
+            await process.wait()
+            raise CommandFailed(
+                f"{option}: checking it took over {timeout:g}s; nothing was started",
+                ExitStatus.USAGE,
+            ) from None
+        if process.returncode:
+            said = err.decode(errors="replace").strip().splitlines()
+            why = said[-1].removeprefix(f"toolledger {args[0]}: ") if said else "no reason given"
+            raise CommandFailed(f"{option}: {why}; nothing was started", ExitStatus.USAGE)
 
     async def first_exit(self) -> tuple[Child, int]:
         """The first child to exit, with its status (waits forever when there is none)."""

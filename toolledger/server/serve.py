@@ -7,10 +7,12 @@ processes (`toolledger.server.children` says why): the reconciler, when `--tools
 modules declaring the tools, and the resumer, when `--resume-app` names the resume hook.
 
 Each role reads its own settings (`toolledger.settings`) and all of them are read, with the
-tools imported and the port bound, before anything starts, so a bad setting stops startup with
-the error that names it and nothing half-started to clean up. Several servers share the work as
-the single roles do: the projectors split or stand by per `TOOLLEDGER_PROJECTOR_OWNERSHIP`, the
-processors share the facts partitions through their consumer groups, the APIs are stateless.
+tools imported, the resume hook loaded (in a child process without the keys, as the resumer
+will load it: the hook's module is not the API's to import) and the port bound, before anything
+starts, so a bad setting stops startup with the error that names it and nothing half-started to
+clean up. Several servers share the work as the single roles do: the projectors split or stand
+by per `TOOLLEDGER_PROJECTOR_OWNERSHIP`, the processors share the facts partitions through
+their consumer groups, the APIs are stateless.
 
 Stopping: SIGTERM or SIGINT stops the API, then the children (SIGTERM to each pid, SIGKILL to
 one that hangs), then the projector; the server then exits 0. If any role stops on its own,
@@ -108,13 +110,16 @@ async def serve(options: ServerOptions) -> None:
     operating.require_signing_key()
     load_settings(Settings)  # the children's block, validated here so they cannot fail on it
     registry = load_tools(options.tools) if options.tools else None
+    children = Children()
+    if options.resume_app:  # imported in a child without the keys, as the resumer will
+        resume = ["resumer", "--app", options.resume_app, "--check"]
+        await children.check(f"--resume-app {options.resume_app}", resume)
     sock = listen(options.host, options.port)
     try:
         stack = await LedgerStack.connect(projecting, run_projector=True)
     except BaseException:
         sock.close()
         raise
-    children = Children()
     web: _Web | None = None
     tasks: list[asyncio.Task[object]] = []
     try:

@@ -51,10 +51,11 @@ async def start_leader(
         port=int(port),
         max_body=settings.max_record_bytes + 64 * 1024,
         tls=tls,
+        advertise=settings.leader_advertise,
     )
     await server.start()
     warning = exposure_warning(
-        server.address,
+        server.bound,
         tls=tls is not None,
         verifies_runtimes=settings.leader_tls_runtime_ca is not None,
     )

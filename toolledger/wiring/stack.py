@@ -16,6 +16,7 @@ through PostgreSQL (`toolledger.projections.hints`), so an idle projector can st
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
@@ -121,26 +122,64 @@ class LedgerStack:
         run_projector: bool = False,
         create_topics: bool = True,
         listen: bool = True,
+        create_schema: bool | None = None,
     ) -> LedgerStack:
         """The stack against Kafka and PostgreSQL. `listen=False` opens no LISTEN connection
         for verdicts: for a process that never waits for a verdict (`toolledger projector`),
         whose every notification would otherwise come back to it as a wake-up for nothing; its
         waiter still polls, should anything wait after all. A stack that runs a projector
-        listens for append hints either way (`toolledger.projections.hints`)."""
+        listens for append hints either way (`toolledger.projections.hints`).
+
+        `create_schema` (default: only when it runs a projector) creates the ledger's schema if
+        it does not exist; otherwise a missing one is `SchemaMissing`, naming the setting. If
+        anything fails on the way, what was opened is closed before the error goes up.
+        """
+        database_url, _ = settings.require_services()
+        if run_projector and not isinstance(settings, ProjectorSettings):
+            settings = load_settings(ProjectorSettings, **settings.model_dump())
+        opened: list[Callable[[], Awaitable[None]]] = []
+        try:
+            return await cls._connect(
+                settings,
+                database_url,
+                opened,
+                run_projector=run_projector,
+                create_topics=create_topics,
+                listen=listen,
+                create_schema=run_projector if create_schema is None else create_schema,
+            )
+        except BaseException:
+            for close in reversed(opened):
+                with contextlib.suppress(Exception):
+                    await close()
+            raise
+
+    @classmethod
+    async def _connect(
+        cls,
+        settings: Settings,
+        database_url: str,
+        opened: list[Callable[[], Awaitable[None]]],
+        *,
+        run_projector: bool,
+        create_topics: bool,
+        listen: bool,
+        create_schema: bool,
+    ) -> LedgerStack:
+        """`connect`'s assembly; each part it opens is added to `opened` as it opens, so a
+        failure half-way closes them (no producer or pool left for the garbage collector)."""
         from toolledger.events.kafka import KafkaLog
         from toolledger.projections.ownership import PostgresPartitionLocks
         from toolledger.projections.postgres import PostgresLedger
         from toolledger.projections.postgres_reads import PostgresReads
 
-        database_url, bootstrap = settings.require_services()
-        if run_projector and not isinstance(settings, ProjectorSettings):
-            settings = load_settings(ProjectorSettings, **settings.model_dump())
+        assert settings.kafka_bootstrap is not None
         verify_keys = VerifyKeys()
         if isinstance(settings, ProjectorSettings):
             verify_keys = settings.require_verify_keys() if run_projector else settings.verify_keys
         kafka_log = functools.partial(
             KafkaLog,
-            bootstrap,
+            settings.kafka_bootstrap,
             max_record_bytes=settings.max_record_bytes,
             replication_factor=settings.replication_factor,
             idle_bound=settings.idle_fetch_bound_ms / 1000,
@@ -149,27 +188,33 @@ class LedgerStack:
         facts = kafka_log(settings.facts_topic, max_batch_size=FACTS_BATCH_BYTES)
         dlq = kafka_log(settings.dlq_topic)
         for topic in (events, facts, dlq):
+            opened.append(topic.close)
             await topic.start()
-        if create_topics:
-            # Not read when it exists: a projector checks the identity when it takes partitions.
-            await events.ensure_exists(settings.partitions)
-            await facts.create_topic(settings.partitions)
-            await dlq.create_topic(1)
         store = PostgresLedger(
             database_url,
             settings.schema_name,
             verify_keys=verify_keys,
             synchronous_apply=settings.projector_synchronous_commit,
+            create=create_schema,
         )
+        opened.append(store.close)
         await store.start()
+        if create_topics:
+            # Not read when it exists: a projector checks the identity when it takes partitions.
+            await events.ensure_exists(settings.partitions)
+            await facts.create_topic(settings.partitions)
+            await dlq.create_topic(1)
         if run_projector:
             await store.register_verify_keys()
         reads = PostgresReads(database_url, settings.schema_name)
+        opened.append(reads.close)
         call_reads = CallReads(reads)
         waiter = VerdictWaiter(reads)
+        opened.append(waiter.close)
         listener = None
         if listen:
             listener = PostgresNotifications(database_url, store.notify_channel, waiter)
+            opened.append(listener.close)
             await listener.start()
         await waiter.start()
         projector = None
@@ -180,6 +225,8 @@ class LedgerStack:
             )
 
             leader = await start_leader(settings, events, verify_keys)
+            if leader is not None:
+                opened.append(leader.close)
             projector = Projector(
                 events,
                 store,
@@ -203,6 +250,7 @@ class LedgerStack:
         hints = hint_channel_for(settings.schema_name)
         if projector is not None:  # other processes' appends reach it through PostgreSQL
             heard = HintListener(database_url, hints, projector.wake)
+            opened.append(heard.close)
             await heard.start()
             stack._listeners.append(heard)
         notify = None if listener is None else functools.partial(listener.notify, hints)

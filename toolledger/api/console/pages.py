@@ -96,6 +96,7 @@ async def queue(
     service = api_context(request).service
     try:
         counts = await service.counts(signed.who)
+        not_resumed = await service.paused_runs(signed.who, resume_failed=True)
         page = await _page(request, signed, filters, cursor or None)
         histories = await asyncio.gather(*(service.store.history(c.key) for c in page.items))
     except OperatorError as exc:
@@ -113,6 +114,7 @@ async def queue(
         signed=signed,
         title="Queue · toolledger console",
         counts=counts,
+        not_resumed=not_resumed,
         page=page,
         attempts={c.key: attempts(c, h) for c, h in zip(page.items, histories, strict=True)},
         filters=filters,

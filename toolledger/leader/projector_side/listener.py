@@ -52,6 +52,7 @@ from toolledger.leader.runtime_side.frames import (
 )
 from toolledger.projections.dberrors import database_errors
 from toolledger.projections.following import Decode, PartitionFollower
+from toolledger.settings import split_address
 
 log = logging.getLogger("toolledger.leader")
 
@@ -71,6 +72,7 @@ class LeaderServer(PartitionFollower):
         port: int = 0,
         max_body: int = DEFAULT_MAX_BODY,
         tls: ssl.SSLContext | None = None,
+        advertise: str | None = None,
     ) -> None:
         self.events = events
         self.reads = reads
@@ -83,7 +85,11 @@ class LeaderServer(PartitionFollower):
         self._gaps = GapReader(events, keys)
         self._tasks: set[asyncio.Task[None]] = set()
         self._writers: set[asyncio.StreamWriter] = set()
+        #: Where it listens, and what it registers for runtimes: `advertise` when given (its
+        #: host, and its port or the one bound), else the bound address itself.
+        self.bound = ""
         self.address = ""
+        self._advertise = advertise
         self._closed = False
         self._wake: Callable[[int], None] | None = None
 
@@ -92,8 +98,14 @@ class LeaderServer(PartitionFollower):
             self._connected, self._host, self._port, **server_options(self._tls)
         )
         host, port = self._server.sockets[0].getsockname()[:2]
-        self.address = f"{host}:{port}"
-        log.info("leader listening on %s (%s)", self.address, "TLS" if self._tls else "plain TCP")
+        self.bound = self.address = f"{host}:{port}"
+        shown = ""
+        if self._advertise is not None:
+            advertised, advertised_port = split_address(self._advertise)
+            self.address = f"{advertised}:{advertised_port or port}"
+            shown = f", registered for runtimes as {self.address}"
+        how = "TLS" if self._tls else "plain TCP"
+        log.info("leader listening on %s (%s)%s", self.bound, how, shown)
 
     async def close(self) -> None:
         self._closed = True  # what the projector says from now on starts nothing

@@ -63,6 +63,11 @@ class LeaderConnection:
     def broken(self) -> bool:
         return self._reading is not None and self._reading.done()
 
+    @property
+    def reached(self) -> bool:
+        """Whether a connection to the leader was ever opened (else it may be unreachable)."""
+        return self._reading is not None
+
     async def request(self, kind: Kind, body: bytes) -> Frame:
         """Send one request and return its answer (bound it with the caller's timeout)."""
         out = await self._open()
@@ -138,6 +143,8 @@ class LeaderDirectory:
         self._read_at = -float("inf")
         self._failed: dict[int, float] = {}
         self._connections: dict[str, LeaderConnection] = {}
+        self._unreachable: set[str] = set()
+        self._reached: set[str] = set()
         self._refreshing = asyncio.Lock()
 
     async def connection(self, partition: int) -> LeaderConnection | None:
@@ -158,6 +165,8 @@ class LeaderDirectory:
             return None
         connection = self._connections.get(address)
         if connection is None or connection.broken:
+            if connection is not None and connection.reached:
+                self._reached.add(address)  # a leader that went away, not one out of reach
             connection = self._connections[address] = LeaderConnection(address, tls=self._tls)
         return connection
 
@@ -167,9 +176,24 @@ class LeaderDirectory:
         await self._refresh()
         return dict(self._addresses)
 
-    def failed(self, partition: int, why: str) -> None:
-        """`partition`'s leader did not serve a request: go direct for a while, then re-read."""
-        if partition not in self._failed:
+    def failed(self, partition: int, why: str, unreachable: str | None = None) -> None:
+        """`partition`'s leader did not serve a request: go direct for a while, then re-read.
+
+        `unreachable` is the registered address when no connection to it was ever opened:
+        said once per address at WARNING, since it usually means the leader registered an
+        address this runtime cannot reach (a container's own loopback, say), and every call
+        goes direct until someone fixes it."""
+        if unreachable is not None and unreachable not in self._unreachable | self._reached:
+            self._unreachable.add(unreachable)
+            log.warning(
+                "the leader registered at %s cannot be reached from this process (%s): calls "
+                "take the direct path, slower. If the projector runs on another host or in "
+                "another container, set its TOOLLEDGER_LEADER_ADVERTISE to an address this "
+                "process reaches it at",
+                unreachable,
+                why,
+            )
+        elif partition not in self._failed:
             log.info("partition %d: leader unavailable (%s); direct path for now", partition, why)
         self._failed[partition] = time.monotonic()
 

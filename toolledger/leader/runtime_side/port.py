@@ -168,7 +168,8 @@ class LeaderPort(RuntimePort):
             async with asyncio.timeout(max(min(self.bound, within), 0.001)):
                 frame = await connection.request(kind, body)
         except (TimeoutError, OSError) as exc:
-            self.directory.failed(partition, f"{type(exc).__name__} {exc}".strip())
+            unreachable = None if connection.reached else connection.address
+            self.directory.failed(partition, f"{type(exc).__name__} {exc}".strip(), unreachable)
             return None
         if frame.kind is Kind.NOT_LEADER:
             self.directory.moved(partition)

@@ -27,13 +27,13 @@ from typing import Any, Literal, Protocol
 from rich.console import Console
 from rich.table import Table
 
-from examples.billing_reconciliation.billing import system
-from examples.billing_reconciliation.tools import billing, issue_credit
 from toolledger import Ledger, OperatorSettings, SigningKey, ToolCallIndeterminate
 from toolledger.api.compensation import RuntimeCompensator
 from toolledger.api.service import Operator, OperatorService
 from toolledger.api.tokens import MemoryTokens
 from toolledger.events.records import CallRecord
+from toolledger.examples.billing_reconciliation.billing import system
+from toolledger.examples.billing_reconciliation.tools import billing, issue_credit
 from toolledger.extras import installed
 from toolledger.wiring.stack_port import StackPort
 

@@ -1,6 +1,6 @@
 """One refund over HTTP, however the connection ends: `toolledger.http` and a key-replaying API.
 
-    python -m examples.http_refund.refund
+    python -m toolledger.examples.http_refund.refund
 
 The refund tool is three lines of httpx through `ToolHTTP`: the client sets the call's
 `Idempotency-Key`, marks the moment the request leaves, and turns each ending into what the

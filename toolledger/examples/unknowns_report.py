@@ -7,7 +7,7 @@ an operator, a runtime's reconcile hook) and how long they stayed unknown: the m
 worst time from the `indeterminate` record to the settlement, by the requests' own clocks.
 Calls still unknown when the job catches up are counted as open.
 
-    python -m examples.unknowns_report        # Kafka + PostgreSQL from the TOOLLEDGER_* variables
+    python -m toolledger.examples.unknowns_report   # Kafka + PostgreSQL from TOOLLEDGER_*
 
 Without them (or with services that do not answer) it says so in one line and exits 2 or 3,
 as the `toolledger` commands do.

@@ -1,7 +1,7 @@
 """Penny's refund on the OpenAI Agents SDK: the unknown refund stops the run as an
 interruption, with a `RunState` JSON to resume from.
 
-    python -m examples.integrations.openai_agents_refund
+    python -m toolledger.examples.integrations.openai_agents_refund
 
 The model is a scripted `agents` `Model` (offline). The run id is the application's
 (`context={"run_id": ...}`); the call id is the model's, saved in the `RunState` JSON.
@@ -18,7 +18,7 @@ from agents.items import ModelResponse, TResponseInputItem, TResponseStreamEvent
 from agents.models.interface import Model
 from agents.testing.model import assistant_message, function_call
 
-from examples.integrations.story import (
+from toolledger.examples.integrations.story import (
     PROMPT,
     REFUND,
     TENANT,

@@ -7,7 +7,6 @@ before sending when it can (`ToolNotAttemptedError`), and can be looked up by ke
 
 from __future__ import annotations
 
-from examples.billing_reconciliation.billing import Credit, system
 from toolledger import (
     ReconcileOutcome,
     ToolContext,
@@ -16,6 +15,7 @@ from toolledger import (
     Toolset,
     external,
 )
+from toolledger.examples.billing_reconciliation.billing import Credit, system
 
 billing = Toolset("billing")
 

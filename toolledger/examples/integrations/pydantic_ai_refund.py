@@ -1,11 +1,11 @@
 """Penny's refund on PydanticAI: the unknown refund is deferred (`CallDeferred`), and resumed.
 
-    python -m examples.integrations.pydantic_ai_refund                 # offline, one process
+    python -m toolledger.examples.integrations.pydantic_ai_refund         # offline, one process
 
     # across processes, on Kafka + PostgreSQL (`toolledger dev up`, a `toolledger projector`):
-    python -m examples.integrations.pydantic_ai_refund start saved.json
+    python -m toolledger.examples.integrations.pydantic_ai_refund start saved.json
     toolledger executions resolve order-7:call_1 --outcome completed --reason ... --value ...
-    python -m examples.integrations.pydantic_ai_refund resume saved.json   # any other process
+    python -m toolledger.examples.integrations.pydantic_ai_refund resume saved.json  # elsewhere
 
 The model is a `FunctionModel` (offline). The key is `<conversation_id>:<tool_call_id>`; the
 conversation id comes back from the saved message history. `toolset.paused(result)` is what a
@@ -27,7 +27,8 @@ from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCall
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.tools import DeferredToolRequests
 
-from examples.integrations.story import (
+from toolledger import Ledger
+from toolledger.examples.integrations.story import (
     PROMPT,
     REFUND,
     TENANT,
@@ -37,7 +38,6 @@ from examples.integrations.story import (
     penny,
     report,
 )
-from toolledger import Ledger
 from toolledger.integrations.pydantic_ai import LedgerToolset
 
 

@@ -1,6 +1,6 @@
 """Penny the refund bot as an MCP client: refunds served over MCP, each made once.
 
-Run it: `python -m examples.integrations.mcp_refund` (offline: the embedded ledger, an
+Run it: `python -m toolledger.examples.integrations.mcp_refund` (offline: the embedded ledger, an
 in-process MCP client, an in-process operator: `toolledger.testing.Operator`).
 
 1. Penny asks the server for a refund, and crashes before noting the answer. After her restart

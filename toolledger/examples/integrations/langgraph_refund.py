@@ -1,6 +1,6 @@
 """Penny's refund on LangGraph: the unknown refund pauses the graph with `interrupt()`.
 
-    python -m examples.integrations.langgraph_refund
+    python -m toolledger.examples.integrations.langgraph_refund
 
 The model is a scripted LangChain chat model (offline). The graph's checkpointer saves the
 model's tool call before the tools node runs, so the key `<thread_id>:<tool_call_id>` is the
@@ -21,7 +21,7 @@ from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import tools_condition
 from langgraph.types import Command
 
-from examples.integrations.story import (
+from toolledger.examples.integrations.story import (
     PROMPT,
     REFUND,
     TENANT,
