@@ -73,6 +73,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "RunQuarantined": ("toolledger.runtime.errors", "run_quarantined"),
     "RunStillPaused": ("toolledger.integrations._runs", "run_still_paused"),
     "RunSuperseded": ("toolledger.runtime.errors", "run_superseded"),
+    "StaleRead": ("toolledger.projections.barrier", "stale_read"),
     "StoreError": ("toolledger.projections.store", "store_error"),
     "Superseded": ("toolledger.leader.partition", "leader_superseded"),
     "TenantMismatchError": ("toolledger.runtime.errors", "tenant_mismatch"),

@@ -35,7 +35,7 @@ async def _run(spec: str, group: str | None, session_timeout: float) -> None:
                 f"{settings.facts_topic} does not exist yet: start `toolledger projector` once "
                 "against this Kafka, it creates the topics"
             ) from exc
-        resumer = Resumer(hook, stack.store.get_call)
+        resumer = Resumer(hook, stack.reads.get_call)
         app = resumer_app(
             settings, resumer, partitions=partitions, group=group, session_timeout=session_timeout
         )

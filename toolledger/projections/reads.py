@@ -1,4 +1,5 @@
-"""Point reads on the runtime's hot path: a call's record by key, verdicts by event_id.
+"""Point reads on the runtime's hot path: a call's record by key, verdicts by event_id, and the
+projection's committed positions (what the read barrier waits on).
 
 Every `Ledger.call` starts by reading its key (the fast path), and every command waits for its
 verdict. With many runs in flight these reads come together, and each one costs a round trip, a
@@ -34,6 +35,11 @@ class PointReads(VerdictSource):
     async def calls(self, keys: Collection[str]) -> dict[str, CallRecord]:
         """The records of those `keys` that have one."""
 
+    @abstractmethod
+    async def committed(self, partitions: Collection[int]) -> dict[int, int]:
+        """The next offset the projection committed for each of `partitions` that has a
+        position (the read barrier's, `toolledger.projections.barrier`)."""
+
     async def close(self) -> None:
         """Release what the reader holds (a connection); it may be used again after."""
 
@@ -50,6 +56,10 @@ class StoreReads(PointReads):
 
     async def verdicts(self, event_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, Verdict]:
         return await self._store.verdicts(event_ids)
+
+    async def committed(self, partitions: Collection[int]) -> dict[int, int]:
+        states = {p: await self._store.partition_state(p) for p in partitions}
+        return {p: state.next_offset for p, state in states.items() if state is not None}
 
 
 class CallReads:

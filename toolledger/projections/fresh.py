@@ -1,0 +1,106 @@
+"""FreshReads: the ledger as people and other processes read it, behind the read barrier.
+
+The operator service (API, console, `toolledger executions`, `testing.Operator`), the processors
+and a runtime's own reads of runs and lists read through this, never through the store itself,
+so each read first waits for the projection to hold every write acknowledged before it
+(`toolledger.projections.barrier`): a call a runtime was told about a moment ago is found, at the
+version the runtime was told. Each read covers what it can touch: a key or a run its partition,
+a list bounded to a run that run's, any other list every partition.
+
+`LedgerReads` is what such readers need of it; a `LedgerStore` has the same methods, so a test
+may hand a store itself to a reader (and read without the barrier). The projector never reads
+through this: it is the writer the barrier waits for.
+
+Two reads pass through unbarriered, on purpose: `call_stats` (the `/metrics` scrape, which must
+neither block nor fail while a projection catches up, and which counts, never shows, a call) and
+the store's own bookkeeping (`registered_keys`, `partition_state`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from datetime import datetime
+from typing import Protocol
+
+from toolledger.events.fold import DeadLetter, HistoryEntry
+from toolledger.events.records import CallRecord, RunRecord
+from toolledger.events.signing import VerifyKeys
+from toolledger.projections.barrier import ReadBarrier, runs_of_key
+from toolledger.projections.store import CallStats, LedgerStore, PartitionState, StatusCounts
+from toolledger.runtime.port import CallQuery
+
+
+class LedgerReads(Protocol):
+    """The reads of the ledger an operator, a processor or a runtime's lists make."""
+
+    async def get_call(self, key: str) -> CallRecord | None: ...
+
+    async def get_run(self, run_id: str) -> RunRecord | None: ...
+
+    async def history(self, key: str) -> list[HistoryEntry]: ...
+
+    async def list_calls(self, query: CallQuery) -> list[CallRecord]: ...
+
+    async def list_runs(
+        self, statuses: Collection[str], tenant_id: str | None = None, limit: int = 500
+    ) -> list[RunRecord]: ...
+
+    async def status_counts(
+        self, tenant_id: str | None, deadline_before: datetime
+    ) -> StatusCounts: ...
+
+    async def call_stats(self, now: datetime, older_than: Sequence[float]) -> CallStats: ...
+
+    async def dead_letters(self) -> list[DeadLetter]: ...
+
+    async def registered_keys(self) -> VerifyKeys: ...
+
+    async def partition_state(self, partition: int) -> PartitionState | None: ...
+
+
+class FreshReads:
+    """`store`'s reads, each after `barrier` waited for what it covers."""
+
+    def __init__(self, store: LedgerStore, barrier: ReadBarrier) -> None:
+        self.store = store
+        self.barrier = barrier
+
+    async def get_call(self, key: str) -> CallRecord | None:
+        await self.barrier.wait(runs_of_key(key))
+        return await self.store.get_call(key)
+
+    async def get_run(self, run_id: str) -> RunRecord | None:
+        await self.barrier.wait((run_id,))
+        return await self.store.get_run(run_id)
+
+    async def history(self, key: str) -> list[HistoryEntry]:
+        """A call key's history, or a run_id's own (`LedgerStore.history`)."""
+        await self.barrier.wait(runs_of_key(key, may_be_run=True))
+        return await self.store.history(key)
+
+    async def list_calls(self, query: CallQuery) -> list[CallRecord]:
+        await self.barrier.wait(None if query.run_id is None else (query.run_id,))
+        return await self.store.list_calls(query)
+
+    async def list_runs(
+        self, statuses: Collection[str], tenant_id: str | None = None, limit: int = 500
+    ) -> list[RunRecord]:
+        await self.barrier.wait()
+        return await self.store.list_runs(statuses, tenant_id, limit)
+
+    async def status_counts(self, tenant_id: str | None, deadline_before: datetime) -> StatusCounts:
+        await self.barrier.wait()
+        return await self.store.status_counts(tenant_id, deadline_before)
+
+    async def dead_letters(self) -> list[DeadLetter]:
+        await self.barrier.wait()
+        return await self.store.dead_letters()
+
+    async def call_stats(self, now: datetime, older_than: Sequence[float]) -> CallStats:
+        return await self.store.call_stats(now, older_than)
+
+    async def registered_keys(self) -> VerifyKeys:
+        return await self.store.registered_keys()
+
+    async def partition_state(self, partition: int) -> PartitionState | None:
+        return await self.store.partition_state(partition)
