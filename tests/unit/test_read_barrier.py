@@ -17,6 +17,7 @@ class Log:
     def __init__(self, partitions: int = 4) -> None:
         self.ends = dict.fromkeys(range(partitions), 1)
         self.asked: list[frozenset[int]] = []
+        self.looking = asyncio.Event()
         self.gate = asyncio.Event()
         self.gate.set()
         self.fail: Exception | None = None
@@ -27,6 +28,7 @@ class Log:
     async def end_offsets(self, partitions: Collection[int] | None = None) -> dict[int, int]:
         wanted = frozenset(self.ends if partitions is None else partitions)
         self.asked.append(wanted)
+        self.looking.set()
         seen = dict(self.ends)  # what the broker says is what it held when asked
         await self.gate.wait()
         if self.fail is not None:
@@ -75,8 +77,7 @@ async def test_concurrent_readers_share_looks_and_none_takes_a_look_asked_before
     gate = barrier(log, positions, timeout=0.5)
     log.gate.clear()
     first = asyncio.create_task(gate.wait(["r1"]))
-    while not log.asked:
-        await asyncio.sleep(0)
+    await log.looking.wait()
     log.ends[partition_for("r2", 4)] = 9  # acknowledged after the first look left
     later = [asyncio.create_task(gate.wait([f"r{i}"])) for i in range(2, 66)]
     await asyncio.sleep(0)
