@@ -6,9 +6,12 @@ verdicts go through the stack's `LedgerCommands`, looked up on every use rather 
 so a harness that wraps the stack's commands (a test's frozen append) wraps every direct path
 of the runtime at once (the leader fast path does not take them: the drill wraps its port).
 
-Reads of a key, a run or a list wait at the stack's read barrier first
-(`toolledger.projections.barrier`), so they see every write acknowledged before them, whichever
-process made it; the read of a key before its reservation does not (`_read_before_reserving`).
+Reads go to PostgreSQL at once: those on the road of a call are hints the decider's verdict
+corrects (the read of a key before its reservation, the run's tenant, the twin guard), and
+this process reads its own writes without help (its verdicts are committed, and an outcome
+returned on acknowledgement is awaited by `own_write`). `fresh` waits at the stack's read
+barrier (`toolledger.projections.barrier`) for every other process's writes, before a read
+that must see them (`Ledger.read_call` and the other reads a user makes).
 
 A driver error of the store is turned into `LedgerUnavailable` in the runtime's words ("nothing
 was run, try again once PostgreSQL is reachable"): the port's first promise, fail closed.
@@ -22,12 +25,11 @@ import logging
 import uuid
 from collections.abc import AsyncIterator, Collection
 
-from toolledger.events.models import CallReserved, Event
+from toolledger.events.models import Event
 from toolledger.events.payloads import PayloadLimits
 from toolledger.events.records import CallRecord, RunRecord, Verdict
-from toolledger.projections.barrier import runs_of_key
 from toolledger.projections.dberrors import database_errors
-from toolledger.runtime.port import CallQuery, LedgerUnavailable, NothingReserved, RuntimePort
+from toolledger.runtime.port import CallQuery, LedgerUnavailable, RuntimePort
 from toolledger.wiring.stack import LedgerStack
 
 log = logging.getLogger("toolledger.runtime")
@@ -56,22 +58,14 @@ class StackPort(RuntimePort):
     def limits(self) -> PayloadLimits:
         return self.stack.commands.limits
 
+    async def fresh(self, run_ids: Collection[str] | None = None) -> None:
+        """Return once the reads that follow see every write acknowledged before this call in
+        the partitions of `run_ids` (None: all), whichever process made it: the stack's read
+        barrier. `LedgerUnavailable` (`StaleRead`) past its bound."""
+        async with _store_errors("where the projection has committed"):
+            await self.stack.reads.barrier.wait(run_ids)
+
     async def read_call(self, key: str) -> CallRecord | None:
-        async with _store_errors(f"the ledger record of {key}"):
-            await self.stack.reads.barrier.wait(runs_of_key(key))
-        return await self._read_call(key)
-
-    async def _read_before_reserving(self, reserved: CallReserved) -> CallRecord | None:
-        """The key's record before a reservation, without the read barrier: a record the
-        projection does not hold yet only costs the reservation its verdict, which is the
-        ledger's truth either way, and the barrier's look would cost every call a round trip
-        to Kafka."""
-        try:
-            return await self._read_call(reserved.key)
-        except LedgerUnavailable as exc:
-            raise NothingReserved(exc) from exc
-
-    async def _read_call(self, key: str) -> CallRecord | None:
         try:
             record = await self.stack.call_reads.get(key)
         except database_errors() as exc:
@@ -83,18 +77,18 @@ class StackPort(RuntimePort):
 
     async def read_run(self, run_id: str) -> RunRecord | None:
         async with _store_errors(f"the ledger record of run {run_id}"):
-            run = await self.stack.reads.get_run(run_id)
+            run = await self.stack.store.get_run(run_id)
         return None if run is None else await self.stack.commands.restored_run(run)
 
     async def list_calls(self, query: CallQuery) -> list[CallRecord]:
         async with _store_errors(f"the calls of run {query.run_id or '(any)'}"):
-            return await self.stack.reads.list_calls(query)
+            return await self.stack.store.list_calls(query)
 
     async def list_runs(
         self, statuses: Collection[str], *, tenant_id: str | None = None
     ) -> list[RunRecord]:
         async with _store_errors("the ledger's runs"):
-            return await self.stack.reads.list_runs(statuses, tenant_id=tenant_id)
+            return await self.stack.store.list_runs(statuses, tenant_id=tenant_id)
 
     async def restored_call(self, record: CallRecord) -> CallRecord:
         return await self.stack.commands.restored_call(record)
