@@ -30,7 +30,7 @@ import asyncpg
 
 from benchmarks._support import Scratch, start_process, stop_process
 from toolledger import Ledger, ToolContext, Toolset, external
-from toolledger.leader.runtime_port import LeaderPort
+from toolledger.leader.runtime_side.port import LeaderPort
 from toolledger.wiring.leader import leader_port
 from toolledger.wiring.stack import LedgerStack
 from toolledger.wiring.stack_port import StackPort

@@ -37,8 +37,8 @@ from benchmarks.verdict_latency import reservation
 from toolledger import Ledger
 from toolledger.events.codec import encode
 from toolledger.events.kafka import KafkaLog
-from toolledger.leader.frames import Kind, encode_frame, read_frame
-from toolledger.leader.runtime_port import LeaderPort
+from toolledger.leader.runtime_side.frames import Kind, encode_frame, read_frame
+from toolledger.leader.runtime_side.port import LeaderPort
 from toolledger.wiring.leader import leader_port
 from toolledger.wiring.stack import LedgerStack
 from toolledger.wiring.stack_port import StackPort

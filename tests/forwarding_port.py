@@ -11,8 +11,8 @@ from collections.abc import Collection
 
 from toolledger.events.models import CallReserved, Event
 from toolledger.events.records import CallRecord, RunRecord, Verdict
+from toolledger.port import CallQuery, RuntimePort
 from toolledger.runtime.forwarding import ForwardingPort
-from toolledger.runtime.port import CallQuery, RuntimePort
 
 
 class Forwarding(ForwardingPort):

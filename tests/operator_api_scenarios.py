@@ -23,9 +23,10 @@ from toolledger.api import create_app
 from toolledger.api.app import close_stack
 from toolledger.api.service import OperatorService
 from toolledger.api.tokens import MemoryTokens, PostgresTokens, TokenStore
+from toolledger.errors import ConfigError
 from toolledger.events.models import CompensationRequested, canonical_json
 from toolledger.events.signing import sign
-from toolledger.settings import ConfigError, OperatorSettings
+from toolledger.settings import OperatorSettings
 from toolledger.wiring.stack import LedgerStack
 
 

@@ -30,10 +30,12 @@ from toolledger.errors import ToolLedgerError
 
 if TYPE_CHECKING:
     from toolledger.api.errors import OperatorError
+    from toolledger.errors import ConfigError, LedgerUnavailable
     from toolledger.events.codec import DecodeError
     from toolledger.events.log import LogError, LogIdentityError, TopicMissing
     from toolledger.events.records import CallRecord, RunRecord
     from toolledger.events.signing import SigningKey, VerifyKeys
+    from toolledger.port import CallQuery
     from toolledger.runtime.agents import (
         AgentConfig,
         AgentConfigError,
@@ -52,7 +54,6 @@ if TYPE_CHECKING:
     )
     from toolledger.runtime.errors import (
         KeyConflictError,
-        LedgerUnavailable,
         RunQuarantined,
         RunSuperseded,
         TenantMismatchError,
@@ -71,16 +72,9 @@ if TYPE_CHECKING:
     )
     from toolledger.runtime.ledger import Ledger
     from toolledger.runtime.outcome import ToolOutcome
-    from toolledger.runtime.port import CallQuery
     from toolledger.runtime.runs import AgentRun, FinalAnswer, RunResult, ToolCallRequest
     from toolledger.runtime.tools import ReconcileOutcome, Tool, ToolExecutionRecord, Toolset
-    from toolledger.settings import (
-        ConfigError,
-        OperatorSettings,
-        ProjectorSettings,
-        Settings,
-        load_settings,
-    )
+    from toolledger.settings import OperatorSettings, ProjectorSettings, Settings, load_settings
 
 #: Where each public name lives. Loaded on first use (PEP 562), so `import toolledger` (which
 #: every `toolledger` command does, `--help` included) costs nothing until a name is asked for:
@@ -108,7 +102,6 @@ _MODULES: dict[str, tuple[str, ...]] = {
     ),
     "toolledger.runtime.errors": (
         "KeyConflictError",
-        "LedgerUnavailable",
         "RunQuarantined",
         "RunSuperseded",
         "TenantMismatchError",
@@ -127,11 +120,11 @@ _MODULES: dict[str, tuple[str, ...]] = {
     ),
     "toolledger.runtime.ledger": ("Ledger",),
     "toolledger.runtime.outcome": ("ToolOutcome",),
-    "toolledger.runtime.port": ("CallQuery",),
+    "toolledger.port": ("CallQuery",),
     "toolledger.runtime.runs": ("AgentRun", "FinalAnswer", "RunResult", "ToolCallRequest"),
     "toolledger.runtime.tools": ("ReconcileOutcome", "Tool", "ToolExecutionRecord", "Toolset"),
+    "toolledger.errors": ("ConfigError", "LedgerUnavailable"),
     "toolledger.settings": (
-        "ConfigError",
         "OperatorSettings",
         "ProjectorSettings",
         "Settings",

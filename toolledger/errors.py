@@ -34,24 +34,24 @@ __all__ = ["CATALOGUE", "ExitStatus", "LedgerUnavailable", "ToolLedgerError", "s
 CATALOGUE: dict[str, tuple[str, str]] = {
     "AgentConfigError": ("toolledger.runtime.agents", "agent_config"),
     "ApiError": ("toolledger.api.auth", "api_error"),
-    "Behind": ("toolledger.leader.partition", "leader_behind"),
     "CommandFailed": ("toolledger.cli.entry", "command_failed"),
-    "ConfigError": ("toolledger.settings", "config_error"),
     "Conflict": ("toolledger.api.errors", "conflict"),
     "DecodeError": ("toolledger.events.codec", "undecodable"),
     "DevStackError": ("toolledger.devstack", "dev_stack"),
-    "FrameError": ("toolledger.leader.frames", "bad_frame"),
+    "FrameError": ("toolledger.leader.runtime_side.frames", "bad_frame"),
     "InvalidRequest": ("toolledger.api.errors", "invalid_request"),
     "KeyConflictError": ("toolledger.runtime.errors", "key_conflict"),
     "KeyMetaError": ("toolledger.integrations._mcp_keys", "key_meta"),
     "KeySetMismatch": ("toolledger.events.signing", "key_set_mismatch"),
+    "LeaderBehind": ("toolledger.leader.projector_side.partition", "leader_behind"),
+    "LeaderSuperseded": ("toolledger.leader.projector_side.partition", "leader_superseded"),
     "LogError": ("toolledger.events.log", "log_error"),
     "LogIdentityError": ("toolledger.events.log", "log_identity"),
     "Misconfigured": ("toolledger.api.errors", "misconfigured"),
     "MissingExtra": ("toolledger.extras", "missing_extra"),
     "ModuleLoadError": ("toolledger.modules", "module_load"),
     "NotFound": ("toolledger.api.errors", "not_found"),
-    "NothingReserved": ("toolledger.runtime.port", "nothing_reserved"),
+    "NothingReserved": ("toolledger.port", "nothing_reserved"),
     "OffsetConflict": ("toolledger.projections.store", "offset_conflict"),
     "OperatorError": ("toolledger.api.errors", "operator_error"),
     "OutcomeVerdictPending": ("toolledger.runtime.protocol", "outcome_verdict_pending"),
@@ -75,7 +75,6 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "RunSuperseded": ("toolledger.runtime.errors", "run_superseded"),
     "StaleRead": ("toolledger.projections.barrier", "stale_read"),
     "StoreError": ("toolledger.projections.store", "store_error"),
-    "Superseded": ("toolledger.leader.partition", "leader_superseded"),
     "TenantMismatchError": ("toolledger.runtime.errors", "tenant_mismatch"),
     "TokenRejected": ("toolledger.api.tokens", "token_rejected"),
     "ToolArgumentsError": ("toolledger.runtime.errors", "invalid_arguments"),
@@ -109,6 +108,12 @@ class LedgerUnavailable(ToolLedgerError):
     """
 
     code = "ledger_unavailable"
+
+
+class ConfigError(ToolLedgerError):
+    """A setting is missing or invalid; the message names the environment variable."""
+
+    code = "config_error"
 
 
 class ExitStatus(IntEnum):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 
-from toolledger.settings import ConfigError
+from toolledger.errors import ConfigError
 
 #: What the faust processors import (reconciler, resumer, analytics).
 PROCESSORS = ("faust",)

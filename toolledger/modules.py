@@ -14,7 +14,7 @@ import os
 import sys
 from types import ModuleType
 
-from toolledger.settings import ConfigError
+from toolledger.errors import ConfigError
 
 __all__ = ["ModuleLoadError", "import_user_module"]
 

@@ -29,7 +29,7 @@ from typing import Annotated, Literal, TypeVar, overload
 from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from toolledger.errors import ToolLedgerError
+from toolledger.errors import ConfigError
 from toolledger.events.payloads import PayloadLimits
 from toolledger.events.signing import SigningKey, VerifyKeys, parse_signing_keys
 
@@ -42,12 +42,6 @@ _TLS_CERTIFICATES = (
     "leader_tls_runtime_ca",
 )
 _TLS_FIELDS = (*_TLS_CERTIFICATES, "runtime_tls_key", "runtime_tls_leader_name", "leader_tls_key")
-
-
-class ConfigError(ToolLedgerError):
-    """A setting is missing or invalid; the message names the environment variable."""
-
-    code = "config_error"
 
 
 class Settings(BaseSettings):
@@ -225,7 +219,9 @@ class Settings(BaseSettings):
     @classmethod
     def _certificates(cls, path: Path | None) -> Path | None:
         if path is not None:
-            from toolledger.leader.tls import check_certificates  # ssl, only where TLS is set
+            from toolledger.leader.runtime_side.tls import (
+                check_certificates,  # ssl, where TLS is set
+            )
 
             check_certificates(path)
         return path
@@ -244,7 +240,7 @@ class Settings(BaseSettings):
         if cert is not None and key is None:
             raise ValueError(f"must be set with {cert_setting} (the certificate's private key)")
         if cert is not None and key is not None:
-            from toolledger.leader.tls import check_key
+            from toolledger.leader.runtime_side.tls import check_key
 
             check_key(cert, key, cert_setting)
         return key

@@ -27,8 +27,8 @@ from tests.contract.runtime_harness import (
 from tests.isolated import Isolated
 from toolledger import ToolCallIndeterminate
 from toolledger.events.models import CallResolved
+from toolledger.port import CallQuery
 from toolledger.runtime.errors import ToolCallContested
-from toolledger.runtime.port import CallQuery
 
 
 @pytest.fixture(autouse=True)

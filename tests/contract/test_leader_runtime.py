@@ -25,7 +25,7 @@ from tests.contract.runtime_harness import SIGNING_KEY, Clock, Harness
 from tests.fake_billing import FakeBilling, use_service
 from tests.isolated import Isolated, running_stack
 from toolledger import Ledger, ProjectorSettings
-from toolledger.leader.runtime_port import LeaderPort
+from toolledger.leader.runtime_side.port import LeaderPort
 from toolledger.wiring.leader import leader_port
 from toolledger.wiring.stack_port import StackPort
 

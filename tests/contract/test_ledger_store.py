@@ -50,6 +50,7 @@ from toolledger.events.models import (
 from toolledger.events.payloads import digest_of
 from toolledger.events.records import Verdict
 from toolledger.events.signing import SigningKey, sign
+from toolledger.port import CallQuery
 from toolledger.projections.facts import Fact, facts_in, facts_of
 from toolledger.projections.memory import MemoryLedger
 from toolledger.projections.migrations import load_migrations, migrate
@@ -60,7 +61,6 @@ from toolledger.projections.store import (
     OffsetConflict,
     PartitionState,
 )
-from toolledger.runtime.port import CallQuery
 
 T0 = datetime(2025, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
 A = Producer(host="runtime-a", pid=11)

@@ -37,7 +37,7 @@ from tests.isolated import Isolated
 from toolledger import Ledger, ToolCallIndeterminate, ToolContext, Toolset, external
 from toolledger.api import create_app
 from toolledger.api.tokens import MemoryTokens, PostgresTokens
-from toolledger.leader.runtime_port import LeaderPort
+from toolledger.leader.runtime_side.port import LeaderPort
 from toolledger.projections.store import AppliedBatch
 from toolledger.settings import OperatorSettings, ProjectorSettings
 from toolledger.testing import Operator

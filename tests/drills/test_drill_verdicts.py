@@ -26,7 +26,7 @@ from toolledger.drill.port import DirectPath, DrillPort
 from toolledger.drill.verdicts import Heard, VerdictRecord, read_heard, verdict_form
 from toolledger.events.models import Event
 from toolledger.events.records import Verdict
-from toolledger.leader.runtime_port import LeaderPort
+from toolledger.leader.runtime_side.port import LeaderPort
 from toolledger.settings import ProjectorSettings
 from toolledger.wiring.leader import leader_port
 

@@ -17,8 +17,8 @@ import json
 import sys
 
 from tests import builders as b
+from toolledger.errors import LedgerUnavailable
 from toolledger.events.models import Producer
-from toolledger.runtime.port import LedgerUnavailable
 from toolledger.settings import load_settings
 from toolledger.wiring.stack import LedgerStack
 

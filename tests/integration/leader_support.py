@@ -20,8 +20,8 @@ from tests import builders as b
 from tests.integration.procs import until
 from tests.isolated import Isolated
 from toolledger.events.models import Event
-from toolledger.leader.runtime_port import LeaderPort
-from toolledger.leader.server import LeaderServer
+from toolledger.leader.projector_side.listener import LeaderServer
+from toolledger.leader.runtime_side.port import LeaderPort
 from toolledger.projections.migrations import quote_ident
 from toolledger.settings import ProjectorSettings, Settings
 from toolledger.wiring.leader import leader_port

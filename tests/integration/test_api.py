@@ -34,8 +34,8 @@ from toolledger.api.tokens import PostgresTokens
 from toolledger.events.codec import encode
 from toolledger.events.models import CallResolved, utcnow
 from toolledger.events.signing import SigningKey, sign
+from toolledger.port import CallQuery
 from toolledger.projections.store import count_calls, count_statuses, select_calls
-from toolledger.runtime.port import CallQuery
 from toolledger.settings import OperatorSettings as Settings
 from toolledger.wiring.stack import LedgerStack
 

@@ -19,9 +19,9 @@ from tests.isolated import Isolated, child_env, running_stack
 from tests.run_tools import ScriptedModel, runs_billing
 from toolledger.api.app import close_stack, create_app
 from toolledger.api.tokens import PostgresTokens
+from toolledger.errors import LedgerUnavailable
 from toolledger.events.signing import SigningKey, VerifyKeys
 from toolledger.runtime.agents import AgentConfig
-from toolledger.runtime.errors import LedgerUnavailable
 from toolledger.runtime.ledger import Ledger
 from toolledger.runtime.pauses import resumable_runs
 from toolledger.runtime.runs import AgentRun

@@ -18,7 +18,7 @@ from tests.integration.leader_support import all_led, leader_of, leader_settings
 from tests.isolated import Isolated, running_stack
 from toolledger.events.kafka import KafkaLog
 from toolledger.events.log import partition_for
-from toolledger.runtime.port import CallQuery
+from toolledger.port import CallQuery
 
 
 async def test_the_end_after_a_multi_record_batch_is_past_its_last_record(

@@ -27,7 +27,7 @@ from toolledger.api.app import close_stack
 from toolledger.events.kafka import KafkaLog, KafkaReader
 from toolledger.events.log import LogReader, partition_for
 from toolledger.events.pacing import IdleBackoff
-from toolledger.leader.runtime_port import LeaderPort
+from toolledger.leader.runtime_side.port import LeaderPort
 from toolledger.settings import ProjectorSettings
 from toolledger.wiring.leader import leader_port
 from toolledger.wiring.stack import LedgerStack

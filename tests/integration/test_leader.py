@@ -36,10 +36,10 @@ from toolledger.events.codec import decode, encode
 from toolledger.events.log import partition_for
 from toolledger.events.models import Event
 from toolledger.events.records import CallRecord, Verdict
-from toolledger.leader.frames import Kind, encode_frame
+from toolledger.leader.runtime_side.frames import Kind, encode_frame
+from toolledger.port import CallQuery
 from toolledger.projections import projector as projector_module
 from toolledger.projections.projector import Projector
-from toolledger.runtime.port import CallQuery
 from toolledger.wiring.stack import LedgerStack
 
 

@@ -1,9 +1,9 @@
 """The leader's provenance-checked read (`LeaderReads.load`) against a real PostgreSQL.
 
 A run read with its row is read with every call it has, if it has few enough, so that memory
-can know the run's other keys do not exist ("Whole runs", `toolledger.leader.partition`). A run
-with more calls than a load takes must not be called whole: memory would then answer "no such
-call" for a key PostgreSQL holds.
+can know the run's other keys do not exist ("Whole runs",
+`toolledger.leader.projector_side.partition`). A run with more calls than a load takes must not
+be called whole: memory would then answer "no such call" for a key PostgreSQL holds.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import pytest
 from tests import builders as b
 from toolledger.events.fold import LedgerFold, Positioned
 from toolledger.events.log import LogIdentity
-from toolledger.leader import provenance
-from toolledger.leader.partition import Needs
-from toolledger.leader.provenance import LeaderReads
+from toolledger.leader.projector_side import reads as leader_reads
+from toolledger.leader.projector_side.partition import Needs
+from toolledger.leader.projector_side.reads import LeaderReads
 from toolledger.projections.postgres import PostgresLedger
 
 IDENTITY = LogIdentity("toolledger.events", uuid.uuid4(), 1)
@@ -41,7 +41,7 @@ async def test_a_run_is_read_whole_only_with_all_its_calls(
     reads: tuple[PostgresLedger, LeaderReads], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store, leader = reads
-    monkeypatch.setattr(provenance, "RUN_CALLS_LOADED", 3)
+    monkeypatch.setattr(leader_reads, "RUN_CALLS_LOADED", 3)
     fold = LedgerFold()
     events = [b.reserved("few", f"c{n}") for n in range(3)]
     events += [b.reserved("many", f"c{n}") for n in range(4)]

@@ -30,8 +30,8 @@ from tests.integration.leader_support import (
 from tests.integration.procs import Procs, toolledger_env
 from tests.isolated import Isolated, running_stack
 from tests.tls_certs import Authority, Leaf
-from toolledger.leader.frames import Kind, encode_frame
-from toolledger.leader.runtime_port import LeaderPort
+from toolledger.leader.runtime_side.frames import Kind, encode_frame
+from toolledger.leader.runtime_side.port import LeaderPort
 
 #: A bound far above a refused handshake's cost: a refusal noticed only by the bound would
 #: show as calls waiting for it.

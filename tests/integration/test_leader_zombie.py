@@ -34,9 +34,9 @@ from toolledger.events.codec import encode
 from toolledger.events.log import partition_for
 from toolledger.events.models import CallReserved, Event
 from toolledger.events.records import Verdict
-from toolledger.leader.client import LeaderConnection
-from toolledger.leader.frames import Frame, Kind
-from toolledger.leader.runtime_port import LeaderPort
+from toolledger.leader.runtime_side.connection import LeaderConnection
+from toolledger.leader.runtime_side.frames import Frame, Kind
+from toolledger.leader.runtime_side.port import LeaderPort
 from toolledger.projections.postgres import PostgresLedger
 from toolledger.projections.replay import compare, replay
 from toolledger.wiring.stack import LedgerStack

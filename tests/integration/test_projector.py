@@ -17,6 +17,7 @@ from tests import builders as b
 from tests.integration.procs import run_toolledger, toolledger_env
 from tests.isolated import Isolated, running_stack
 from toolledger.devstack import start_tansu, stop_service
+from toolledger.errors import LedgerUnavailable
 from toolledger.events.codec import default_codec, encode, frame, unframe
 from toolledger.events.fold import broken_chains
 from toolledger.events.log import LogIdentityError, partition_for
@@ -25,7 +26,6 @@ from toolledger.projections.facts import facts_in
 from toolledger.projections.ownership import PostgresPartitionLocks
 from toolledger.projections.postgres import PostgresLedger
 from toolledger.projections.projector import Projector
-from toolledger.runtime.port import LedgerUnavailable
 from toolledger.schemas import SchemaRegistry
 from toolledger.settings import ProjectorSettings as Settings
 from toolledger.wiring.stack import LedgerStack

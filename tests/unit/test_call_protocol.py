@@ -1,4 +1,4 @@
-"""The call protocol's waiting policies, on the embedded ledger (memory log, memory store).
+"""The call protocol's waits, on the embedded ledger (memory log, memory store).
 
 A bounded policy (an operator's request) must give up on an outcome's verdict with the
 documented error, saying the outcome is in the log, and the outcome must still be applied; every
@@ -34,6 +34,7 @@ from toolledger import (
 )
 from toolledger.api.compensation import RuntimeCompensator
 from toolledger.api.errors import Unavailable
+from toolledger.errors import LedgerUnavailable
 from toolledger.events.codec import decode
 from toolledger.events.log import LogError, Position
 from toolledger.events.models import CallIndeterminate, call_key
@@ -41,8 +42,7 @@ from toolledger.events.records import CallRecord
 from toolledger.projections.ownership import MemoryPartitionLocks
 from toolledger.projections.projector import Projector
 from toolledger.runtime.executor import CallIdentity
-from toolledger.runtime.port import LedgerUnavailable
-from toolledger.runtime.protocol import CallProtocol, OutcomeVerdictPending, WaitPolicy
+from toolledger.runtime.protocol import CallProtocol, CallWaits, OutcomeVerdictPending
 from toolledger.runtime.runs import ModelTurn
 from toolledger.wiring.stack import LedgerStack
 
@@ -163,9 +163,9 @@ def test_a_wait_policy_refuses_a_wait_that_is_not_positive() -> None:
     bads: list[dict[str, float]] = [{"verdict_timeout": 0}, {"resend_every": -1}]
     for bad in [*bads, {"outcome_wait": 0}]:
         with pytest.raises(ValueError, match="must be positive"):
-            WaitPolicy(**bad)  # type: ignore[arg-type]
-    assert WaitPolicy.runtime(3).outcome_wait is None
-    assert WaitPolicy.request(3).outcome_wait == 3
+            CallWaits(**bad)  # type: ignore[arg-type]
+    assert CallWaits.runtime(3).outcome_wait is None
+    assert CallWaits.request(3).outcome_wait == 3
 
 
 async def test_a_bounded_outcome_wait_raises_the_documented_error_and_the_outcome_still_lands(
@@ -173,7 +173,7 @@ async def test_a_bounded_outcome_wait_raises_the_documented_error_and_the_outcom
 ) -> None:
     """An API request cannot wait forever for a verdict; when it gives up it must say that the
     outcome is in the log (not that the call failed), and the outcome must then be applied."""
-    protocol = CallProtocol(ledger.port, WaitPolicy.request(0.3), clock=ledger.clock)
+    protocol = CallProtocol(ledger.port, CallWaits.request(0.3), clock=ledger.clock)
     who = CallIdentity("r1", "c1", "acme", "r1:c1")
     prepared = stamp.prepare({"note": "n"})
     reserved = protocol.reservation(stamp, prepared, who)

@@ -16,9 +16,8 @@ from toolledger.api.errors import Conflict, InvalidRequest, NotFound, Unavailabl
 from toolledger.cli import main
 from toolledger.cli.entry import ExitStatus, configure_logging, exit_status, message
 from toolledger.devstack import DevStackError
+from toolledger.errors import ConfigError, LedgerUnavailable
 from toolledger.events.log import LogError, LogIdentityError, TopicMissing
-from toolledger.runtime.port import LedgerUnavailable
-from toolledger.settings import ConfigError
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 ARCHITECTURE = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"

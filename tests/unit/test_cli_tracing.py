@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from toolledger.cli import main
 from toolledger.cli.tracing import configure_tracing
-from toolledger.settings import ConfigError
+from toolledger.errors import ConfigError
 
 
 def test_an_unknown_exporter_stops_every_command_naming_the_variable() -> None:

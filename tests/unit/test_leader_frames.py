@@ -13,8 +13,9 @@ import struct
 
 import pytest
 
-from toolledger.leader.frames import FrameError, Kind, encode_frame, read_frame
-from toolledger.settings import ConfigError, load_settings
+from toolledger.errors import ConfigError
+from toolledger.leader.runtime_side.frames import FrameError, Kind, encode_frame, read_frame
+from toolledger.settings import load_settings
 
 
 def _reader(data: bytes) -> asyncio.StreamReader:

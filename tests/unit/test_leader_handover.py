@@ -14,9 +14,9 @@ from toolledger.events.codec import encode
 from toolledger.events.log import LogRecord, partition_for
 from toolledger.events.memory import MemoryLog
 from toolledger.events.models import Event
-from toolledger.leader.appender import GapReader, PartitionAppender
-from toolledger.leader.frames import Kind
-from toolledger.leader.partition import LeaderPartition, Loaded, Needs
+from toolledger.leader.projector_side.appender import GapReader, PartitionAppender
+from toolledger.leader.projector_side.partition import LeaderPartition, Loaded, Needs
+from toolledger.leader.runtime_side.frames import Kind
 
 START = 1  # offset 0 holds the epoch marker
 

@@ -18,9 +18,14 @@ from toolledger.events.codec import encode
 from toolledger.events.fold import LedgerFold, Positioned
 from toolledger.events.lifecycle import new_run
 from toolledger.events.memory import MemoryLog
-from toolledger.leader.appender import GapReader, PartitionAppender
-from toolledger.leader.frames import FrameWriter, Kind, encode_frame, read_frame
-from toolledger.leader.partition import LeaderPartition, Loaded, Needs, Superseded
+from toolledger.leader.projector_side.appender import GapReader, PartitionAppender
+from toolledger.leader.projector_side.partition import (
+    LeaderPartition,
+    LeaderSuperseded,
+    Loaded,
+    Needs,
+)
+from toolledger.leader.runtime_side.frames import FrameWriter, Kind, encode_frame, read_frame
 
 START = 5
 
@@ -189,14 +194,14 @@ async def test_a_reader_given_up_on_does_not_cancel_the_others() -> None:
 
 async def test_rows_from_another_owner_supersede_the_partition_for_every_reader() -> None:
     """PostgreSQL holding an offset this leader never committed means another owner took the
-    partition: each waiting reader hears `Superseded`, and the partition answers no more."""
+    partition: each waiting reader hears `LeaderSuperseded`, and the partition answers no more."""
     db = Database(stored=START + 100)
     appender = _appender(db)
     readers = [asyncio.create_task(appender.learn_call(f"r{n}:c1", f"r{n}")) for n in range(3)]
     await asyncio.sleep(0)
     db.gate.set()
     results = await asyncio.gather(*readers, return_exceptions=True)
-    assert all(isinstance(r, Superseded) for r in results), results
+    assert all(isinstance(r, LeaderSuperseded) for r in results), results
     assert appender.state.superseded is not None
     assert not appender.state.knows("r0:c1")
 
@@ -207,7 +212,7 @@ async def test_closing_answers_waiting_readers() -> None:
     reader = asyncio.create_task(appender.learn_call("r1:c1", "r1"))
     await asyncio.sleep(0)
     await appender.close()
-    with pytest.raises(Superseded):
+    with pytest.raises(LeaderSuperseded):
         await reader
 
 

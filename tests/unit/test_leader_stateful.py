@@ -32,7 +32,14 @@ from tests import builders as b
 from toolledger.events.fold import LedgerFold, Positioned
 from toolledger.events.models import CallReserved, Event
 from toolledger.events.records import CallRecord, Verdict
-from toolledger.leader.partition import Behind, Item, LeaderPartition, Loaded, Needs, Superseded
+from toolledger.leader.projector_side.partition import (
+    Item,
+    LeaderBehind,
+    LeaderPartition,
+    LeaderSuperseded,
+    Loaded,
+    Needs,
+)
 
 RUNS = ("r1", "r2")
 CALLS = ("c1", "c2")
@@ -93,9 +100,9 @@ class LeaderMachine(RuleBasedStateMachine):
             while needs := leader.needs(i for i in items if i.offset >= leader.next):
                 leader.learn(self.load(leader, needs))
             leader.fold(items, end)
-        except Behind:
+        except LeaderBehind:
             return False  # memory skipped a batch: nothing proven until its commit
-        except Superseded:
+        except LeaderSuperseded:
             self.stopped.add(index)
             return False
         return True
@@ -214,9 +221,9 @@ class LeaderMachine(RuleBasedStateMachine):
                 runs = frozenset() if leader.knows_run(run) else frozenset({run})
                 needs = Needs(keys=frozenset({key}), runs=runs)
                 leader.learn(self.load(leader, needs, whole_runs=data.draw(st.booleans())))
-        except Behind:
+        except LeaderBehind:
             return
-        except Superseded:
+        except LeaderSuperseded:
             self.stopped.add(index)
             return
         self.read_answers.append((index, key, (leader.next, leader.call(key))))
@@ -237,9 +244,9 @@ class LeaderMachine(RuleBasedStateMachine):
         index, loaded = self.loading.pop(data.draw(st.integers(0, len(self.loading) - 1)))
         try:
             self.leaders[index].learn(loaded)
-        except Behind:
+        except LeaderBehind:
             pass
-        except Superseded:
+        except LeaderSuperseded:
             self.stopped.add(index)
 
     # -- invariants -----------------------------------------------------------------------------
@@ -263,7 +270,7 @@ class LeaderMachine(RuleBasedStateMachine):
             assert leader.superseded is not None
             try:
                 leader.fold([], leader.next)
-            except Superseded:
+            except LeaderSuperseded:
                 continue
             raise AssertionError(f"superseded leader {index} still folds")
 
@@ -295,7 +302,7 @@ def test_rows_read_after_another_owner_committed_supersede_the_leader() -> None:
     needs = Needs(keys=frozenset({"r1:c1"}), event_ids=frozenset({uuid.uuid4()}))
     try:
         leader.learn(Loaded(START + 5, needs))
-    except Superseded:
+    except LeaderSuperseded:
         assert leader.superseded is not None
         return
     raise AssertionError("rows of another owner's commit were used")

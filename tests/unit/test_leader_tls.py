@@ -19,9 +19,10 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from tests.tls_certs import Authority, Leaf
+from toolledger.errors import ConfigError
 from toolledger.server.children import PRIVATE_TO_SERVER
-from toolledger.settings import ConfigError, ProjectorSettings, Settings, load_settings
-from toolledger.wiring.leader import exposure_warning
+from toolledger.settings import ProjectorSettings, Settings, load_settings
+from toolledger.wiring.projector_leader import exposure_warning
 
 
 class Files:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from tests import api_support as s
 from toolledger.api.app import close_stack
+from toolledger.port import CallQuery
 from toolledger.projections.store import select_calls
-from toolledger.runtime.port import CallQuery
 from toolledger.wiring.stack import LedgerStack
 
 

@@ -12,8 +12,8 @@ import toolledger.runtime
 from toolledger.api.auth import ApiError
 from toolledger.api.errors import Conflict, InvalidRequest, Misconfigured, NotFound, Unavailable
 from toolledger.devstack import DevStackError
+from toolledger.errors import LedgerUnavailable
 from toolledger.integrations.mcp import KeyMetaError
-from toolledger.runtime.port import LedgerUnavailable
 
 FROZEN = [
     "AgentConfig",
@@ -157,7 +157,6 @@ DOCUMENTED_MODULES = {
 RUNTIME_FROZEN = [
     "AgentConfig",
     "CallPipeline",
-    "CallPolicy",
     "CallQuery",
     "CallRecord",
     "FrameworkRuns",
@@ -169,6 +168,7 @@ RUNTIME_FROZEN = [
     "KeyConflictError",
     "Ledger",
     "LedgerUnavailable",
+    "OnUnknownOrRepeat",
     "RunQuarantined",
     "RunRecord",
     "RunSuperseded",
@@ -187,7 +187,7 @@ RUNTIME_FROZEN = [
     "Toolset",
     "call_identity",
     "call_label",
-    "decide",
+    "drive_call",
     "resolve_command",
 ]
 

@@ -14,11 +14,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from toolledger.errors import seconds
+from toolledger.errors import LedgerUnavailable, seconds
 from toolledger.events.records import CallRecord, Verdict
 from toolledger.projections.reads import CallReads, PointReads
 from toolledger.projections.verdicts import VerdictSource, VerdictWaiter, carried
-from toolledger.runtime.port import LedgerUnavailable
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

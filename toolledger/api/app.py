@@ -50,13 +50,14 @@ from toolledger.api.routes import STATUSES, errors, router
 from toolledger.api.schemas import ErrorDetail, ErrorResponse, Health, ToolExecution
 from toolledger.api.service import OperatorService
 from toolledger.api.tokens import MemoryTokens, PostgresTokens, TokenStore
+from toolledger.errors import ConfigError
 from toolledger.events.models import utcnow
 from toolledger.projections.fresh import FreshReads, LedgerReads
 from toolledger.projections.health import ProjectorHealth, lag_checks
 from toolledger.projections.health import problems as projector_problems
 from toolledger.projections.postgres import PostgresLedger
 from toolledger.runtime.tools import Tool
-from toolledger.settings import ConfigError, OperatorSettings
+from toolledger.settings import OperatorSettings
 from toolledger.wiring.stack import LedgerStack
 from toolledger.wiring.stack_port import StackPort
 

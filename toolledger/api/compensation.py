@@ -14,7 +14,7 @@ key `<key>:compensate`, so it cannot run twice either. `RuntimeCompensator` is t
    hook that marks `context.sending()` gets "not attempted" for errors before it, exactly like a
    tool.
 3. It appends the outcome until it lands and awaits its verdict, at most the verdict timeout
-   (a request's `WaitPolicy`), and hands the ledger's record back; the service then settles the
+   (a request's `CallWaits`), and hands the ledger's record back; the service then settles the
    original call from it.
 
 It is the runtime's one call pipeline (`toolledger.runtime.pipeline`) with a request's wait
@@ -35,15 +35,16 @@ from typing import Any
 
 from toolledger.api.errors import Unavailable
 from toolledger.api.service import COMPENSATE_SUFFIX, compensation_key
+from toolledger.errors import LedgerUnavailable
 from toolledger.events.models import utcnow
 from toolledger.events.records import CallRecord
 from toolledger.modules import ModuleLoadError, import_user_module
+from toolledger.port import RuntimePort
 from toolledger.runtime.context import ToolContext
 from toolledger.runtime.errors import ToolCallError, ToolCallIndeterminate, ToolCallInProgress
 from toolledger.runtime.executor import CallIdentity
 from toolledger.runtime.pipeline import CallPipeline
-from toolledger.runtime.port import LedgerUnavailable, RuntimePort
-from toolledger.runtime.protocol import CallProtocol, OutcomeVerdictPending, WaitPolicy
+from toolledger.runtime.protocol import CallProtocol, CallWaits, OutcomeVerdictPending
 from toolledger.runtime.tools import Tool, Toolset, uses_context_attribute
 
 
@@ -96,7 +97,7 @@ def compensation_tool(tool: Tool[Any, Any], record: CallRecord) -> Tool[Any, Any
 class RuntimeCompensator:
     """Runs compensations of the tools in `tools` (by name) down the one call pipeline.
 
-    Its `WaitPolicy` is a request's: the reservation's verdict and the outcome's are each
+    Its `CallWaits` is a request's: the reservation's verdict and the outcome's are each
     awaited at most `verdict_timeout` (an operator's request cannot wait forever), and the
     outcome's verdict is always awaited, since the service settles the original call from the
     ledger's record of the compensation. The abandon of an unanswered reservation and the
@@ -113,7 +114,7 @@ class RuntimeCompensator:
         clock: Callable[[], datetime] = utcnow,
     ) -> None:
         self.tools = dict(tools)
-        self.protocol = CallProtocol(port, WaitPolicy.request(verdict_timeout), clock=clock)
+        self.protocol = CallProtocol(port, CallWaits.request(verdict_timeout), clock=clock)
         self.pipeline = CallPipeline(self.protocol)
 
     def unavailable(self, record: CallRecord) -> str | None:

@@ -46,6 +46,7 @@ from toolledger.api.errors import (
     Unavailable,
 )
 from toolledger.api.inputs import clean_reason, decode_cursor, encode_cursor, storable, value_json
+from toolledger.errors import ConfigError, LedgerUnavailable
 from toolledger.events.fold import HistoryEntry
 from toolledger.events.lifecycle import lapsed_before, open_until
 from toolledger.events.models import (
@@ -62,11 +63,10 @@ from toolledger.events.models import (
 from toolledger.events.payloads import PayloadError
 from toolledger.events.records import CallRecord, CallStatus, RunRecord, Verdict
 from toolledger.events.signing import SigningKey, sign
+from toolledger.port import CallQuery
 from toolledger.projections.barrier import StaleRead
 from toolledger.projections.fresh import LedgerReads
 from toolledger.projections.store import StatusCounts
-from toolledger.runtime.port import CallQuery, LedgerUnavailable
-from toolledger.settings import ConfigError
 
 COMPENSATE_SUFFIX = ":compensate"
 MAX_PAGE = 500

@@ -86,12 +86,11 @@ def _statuses() -> _StatusTable:
 
     from toolledger.api.errors import Conflict, InvalidRequest, Misconfigured, NotFound, Unavailable
     from toolledger.devstack import DevStackError
+    from toolledger.errors import ConfigError, LedgerUnavailable
     from toolledger.events.log import LogError, LogIdentityError, TopicMissing
     from toolledger.events.signing import KeySetMismatch
     from toolledger.projections.dberrors import DATABASE_ERRORS
     from toolledger.runtime.agents import AgentConfigError
-    from toolledger.runtime.port import LedgerUnavailable
-    from toolledger.settings import ConfigError
 
     return (
         (ConfigError, ExitStatus.USAGE),
@@ -158,7 +157,7 @@ def configure_logging(default: int | None = None) -> None:
     if name:
         chosen = logging.getLevelName(name.upper())
         if not isinstance(chosen, int):
-            from toolledger.settings import ConfigError
+            from toolledger.errors import ConfigError
 
             raise ConfigError(
                 f"{LOG_LEVEL_ENV}={name!r} is not a log level: use DEBUG, INFO, WARNING or ERROR"

@@ -24,6 +24,7 @@ from toolledger.cli.entry import ExitStatus
 from toolledger.events.fold import HistoryEntry, broken_chains
 from toolledger.events.records import UNSETTLED
 from toolledger.events.signing import VerifyKeys
+from toolledger.port import CallQuery
 from toolledger.projections.fresh import LedgerReads
 from toolledger.projections.memory import MemoryLedger
 from toolledger.projections.replay import (
@@ -34,7 +35,6 @@ from toolledger.projections.replay import (
     replay,
 )
 from toolledger.projections.store import LedgerStore
-from toolledger.runtime.port import CallQuery
 from toolledger.settings import ProjectorSettings, Settings, load_settings
 from toolledger.wiring.reading import reading
 

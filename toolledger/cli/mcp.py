@@ -20,7 +20,8 @@ from typing import Any, Literal
 
 import click
 
-from toolledger.settings import ConfigError, Settings, load_settings
+from toolledger.errors import ConfigError
+from toolledger.settings import Settings, load_settings
 
 
 @click.group()

@@ -39,7 +39,8 @@ def parse_ttl(text: str) -> timedelta:
 
 
 def _run(body: Callable[[PostgresTokens], Coroutine[Any, Any, _T]]) -> _T:
-    from toolledger.settings import ConfigError, load_settings
+    from toolledger.errors import ConfigError
+    from toolledger.settings import load_settings
 
     async def main() -> _T:
         settings = load_settings()

@@ -23,6 +23,8 @@ import json
 import os
 from typing import Any
 
+from toolledger.errors import ConfigError
+
 EXPORTERS = ("none", "console", "otlp")
 
 
@@ -30,8 +32,6 @@ def configure_tracing(command: str) -> bool:
     """Install the SDK's tracer provider as `OTEL_TRACES_EXPORTER` asks; True if it did."""
     choice = os.environ.get("OTEL_TRACES_EXPORTER", "none").strip().lower() or "none"
     if choice not in EXPORTERS:
-        from toolledger.settings import ConfigError  # here: every command, --help too, runs this
-
         raise ConfigError(
             f"OTEL_TRACES_EXPORTER={choice!r} is not one of {', '.join(EXPORTERS)}; toolledger "
             "processes export spans to the console or over OTLP"
@@ -44,8 +44,6 @@ def configure_tracing(command: str) -> bool:
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
     except ImportError:
-        from toolledger.settings import ConfigError
-
         raise ConfigError(
             f"OTEL_TRACES_EXPORTER={choice} needs the OpenTelemetry SDK: "
             "`pip install opentelemetry-sdk`, or unset OTEL_TRACES_EXPORTER"
@@ -58,8 +56,6 @@ def configure_tracing(command: str) -> bool:
 
 
 def _exporter(choice: str) -> Any:
-    from toolledger.settings import ConfigError
-
     if choice == "console":
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 

@@ -53,9 +53,9 @@ from toolledger.drill.procs import Proc, Procs
 from toolledger.drill.verdicts import VERDICTS_FILE
 from toolledger.drill.worker import entry as worker_entry
 from toolledger.drill.worker import write_order
+from toolledger.errors import LedgerUnavailable
 from toolledger.projections.dberrors import DATABASE_ERRORS
 from toolledger.runtime.ledger import Ledger
-from toolledger.runtime.port import LedgerUnavailable
 
 #: What a work-list refresh meets while PostgreSQL restarts: the drill's own queries fail with
 #: database errors, the ledger's reads (`resumable_runs`) fail closed as `LedgerUnavailable`.

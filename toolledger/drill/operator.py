@@ -27,11 +27,11 @@ from toolledger.api.service import Operator, OperatorService
 from toolledger.drill.billing import DrillBilling
 from toolledger.drill.ledgerdb import LedgerDB
 from toolledger.drill.model import TENANT
+from toolledger.errors import LedgerUnavailable
 from toolledger.events.lifecycle import open_until
 from toolledger.events.models import utcnow
 from toolledger.events.records import UNSETTLED, CallRecord
 from toolledger.projections.dberrors import DATABASE_ERRORS
-from toolledger.runtime.port import LedgerUnavailable
 
 log = logging.getLogger("toolledger.drill")
 

@@ -40,8 +40,9 @@ from toolledger.events.models import (
     Event,
 )
 from toolledger.events.records import CallRecord, Verdict
-from toolledger.leader.runtime_port import LeaderPort
+from toolledger.leader.runtime_side.port import LeaderPort
 from toolledger.runtime.forwarding import ForwardingPort
+from toolledger.wiring.leader import StackLeaderPort
 from toolledger.wiring.stack import LedgerStack
 from toolledger.wiring.stack_port import StackPort
 
@@ -108,7 +109,7 @@ class DrillPort(ForwardingPort):
     points, duplicate appends and verdict record (see the module docstring)."""
 
     def __init__(
-        self, inner: LeaderPort | StackPort, kill_points: KillPoints, verdicts: VerdictRecord
+        self, inner: StackLeaderPort | StackPort, kill_points: KillPoints, verdicts: VerdictRecord
     ) -> None:
         super().__init__(inner)
         self.stack: LedgerStack = inner.stack

@@ -26,7 +26,7 @@ from toolledger.integrations._common import (
     rejected_text,
     result_text,
 )
-from toolledger.runtime import Heard, HeardStatus, Hold, Ledger, Tool, call_identity, decide
+from toolledger.runtime import Heard, HeardStatus, Hold, Ledger, Tool, call_identity, drive_call
 
 __all__ = ["Answer", "AnswerStatus", "Pause", "answer_json", "make_call"]
 
@@ -83,7 +83,7 @@ async def make_call(
     """Make one call, or say why the run must pause (`toolledger.runtime.policy` decides;
     this words it for the model)."""
     who = call_identity(tool.name, key.run_id, key.tool_call_id, tenant_id)
-    decided = await decide(ledger.pipeline, tool, who, arguments, options)
+    decided = await drive_call(ledger.pipeline, tool, who, arguments, options)
     if isinstance(decided, Hold):
         detail = pause_detail(decided.reason, tool.name, key.key, decided.waiting_on)
         return Pause(key.key, tool.name, decided.reason, decided.waiting_on, detail)

@@ -5,14 +5,15 @@ the events they would have appended, it appends them in batches, and the acknowl
 prove whether its in-memory fold is the fold of the log up to each record (then it answers at
 once) or which foreign records it must fetch and fold first. The projection still commits
 after the answers, in the projector's usual transaction. docs/architecture.md ("The leader
-fast path") tells the design; the modules, in the order a request meets them:
+fast path") tells the design. The package is split by the process each side runs in:
 
-- `frames`: the wire format (length-prefixed frames, request ids, many in flight).
-- `runtime_port`, `client`: the runtime's `LeaderPort` and its connections and directory.
-- `server`: the leader in the projector process, its access rules and routing.
-- `appender`: batching, one produce per batch, the offset proof, the gap fetch.
-- `partition`: the pure fold with known provenance that the proof rests on.
-- `provenance`: rows read with the partition's stored offset; the leader's registration.
+- `runtime_side`: what a runtime needs to ask leaders: `LeaderPort`, its connections and
+  directory, the wire format (`frames`) and the runtime's TLS. It imports nothing of the other
+  side, of the projections or of the wiring.
+- `projector_side`: the leader itself: `LeaderServer` (`listener`), the appender, the
+  partition's fold with known provenance and its reads (`reads`), the leader's TLS.
 
-Settings switch it on in `toolledger.wiring.leader`, the one place the rest of the code meets it.
+Settings switch it on in `toolledger.wiring.leader` (a runtime's `LeaderPort`) and
+`toolledger.wiring.projector_leader` (a projector's `LeaderServer`), the only places the rest of
+the code meets it.
 """

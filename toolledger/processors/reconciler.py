@@ -13,7 +13,7 @@ on evidence (guarantee 6). This processor gathers the evidence continuously:
 3. The answer becomes a finding (`toolledger.runtime.reconcile`, the rule a replaying runtime
    applies too: `CallCompleted` or `CallFailed` with source `reconcile`, or
    `ReconcileAttempted`), settled through the call protocol (`CallProtocol.settle`, a bounded
-   `WaitPolicy`) like any other request, carrying the reservation and the record version the
+   `CallWaits`) like any other request, carrying the reservation and the record version the
    reconciler saw. No verdict in time (`LedgerUnavailable`): the call is asked again later.
 
 A tool whose downstream replays its first answer for a repeated key
@@ -53,19 +53,20 @@ from opentelemetry.context import Context
 from prometheus_client import Counter
 
 from toolledger import telemetry as names
+from toolledger.errors import LedgerUnavailable
 from toolledger.events.fold import HistoryEntry
 from toolledger.events.lifecycle import may_still_run
 from toolledger.events.models import utcnow
 from toolledger.events.records import CallRecord, Verdict
 from toolledger.extras import MissingExtra
 from toolledger.modules import ModuleLoadError, import_user_module
+from toolledger.port import RuntimePort
 from toolledger.processors.app import DEFAULT_SESSION_TIMEOUT_S, processor_app
 from toolledger.processors.app import facts_topic as facts_topic_of
 from toolledger.processors.schedule import ReconcilePolicy, exhausted, is_due
 from toolledger.processors.unsettled import UnsettledRun, fold_fact, parse_facts
 from toolledger.projections.facts import Fact
-from toolledger.runtime.port import LedgerUnavailable, RuntimePort
-from toolledger.runtime.protocol import CallProtocol, WaitPolicy
+from toolledger.runtime.protocol import CallProtocol, CallWaits
 from toolledger.runtime.reconcile import ask_hook, finding_for
 from toolledger.runtime.resend import past_window, settle_by_resend, window_passed
 from toolledger.runtime.tools import Tool, Toolset
@@ -136,7 +137,7 @@ class Reconciler:
     ) -> None:
         self.tools = dict(tools)
         self.port = port
-        self.protocol = CallProtocol(port, WaitPolicy.request(verdict_timeout), clock=clock)
+        self.protocol = CallProtocol(port, CallWaits.request(verdict_timeout), clock=clock)
         self.read_call = read_call
         self.read_history = read_history
         self.policy = policy or ReconcilePolicy()

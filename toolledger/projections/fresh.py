@@ -25,9 +25,9 @@ from typing import Protocol
 from toolledger.events.fold import DeadLetter, HistoryEntry
 from toolledger.events.records import CallRecord, RunRecord
 from toolledger.events.signing import VerifyKeys
+from toolledger.port import CallQuery
 from toolledger.projections.barrier import ReadBarrier, runs_of_key
 from toolledger.projections.store import CallStats, LedgerStore, PartitionState, StatusCounts
-from toolledger.runtime.port import CallQuery
 
 
 class LedgerReads(Protocol):

@@ -21,6 +21,7 @@ from toolledger.events.fold import DeadLetter, HistoryEntry, LedgerFold, Positio
 from toolledger.events.log import LogIdentity
 from toolledger.events.records import CallRecord, RunRecord, Verdict
 from toolledger.events.signing import VerifyKeys, check_key_set
+from toolledger.port import CallQuery
 from toolledger.projections.facts import Fact
 from toolledger.projections.gc_pause import gc_paused
 from toolledger.projections.store import (
@@ -39,7 +40,6 @@ from toolledger.projections.store import (
     fold_batch,
     select_calls,
 )
-from toolledger.runtime.port import CallQuery
 
 
 class MemoryLedger(LedgerStore):

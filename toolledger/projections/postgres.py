@@ -48,6 +48,7 @@ from toolledger.events.fold import DeadLetter, HistoryEntry, Positioned
 from toolledger.events.log import LogIdentity
 from toolledger.events.records import UNSETTLED, CallRecord, RunRecord, Verdict
 from toolledger.events.signing import VerifyKeys
+from toolledger.port import CallQuery
 from toolledger.projections import keyring
 from toolledger.projections.batch_sql import (
     CALL_TYPES,
@@ -79,7 +80,6 @@ from toolledger.projections.store import (
     check_batch,
     check_identity,
 )
-from toolledger.runtime.port import CallQuery
 
 if TYPE_CHECKING:
     from toolledger.projections.migrations import Conn

@@ -39,6 +39,7 @@ import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
+from toolledger.errors import ConfigError
 from toolledger.events.codec import decode
 from toolledger.events.fold import DeadLetter
 from toolledger.events.log import (
@@ -61,7 +62,6 @@ from toolledger.projections.gc_pause import gc_paused
 from toolledger.projections.ownership import PartitionLocks
 from toolledger.projections.store import AppliedBatch, LedgerStore, OffsetConflict
 from toolledger.projections.tracing import BatchSpans
-from toolledger.settings import ConfigError
 
 log = logging.getLogger("toolledger.projector")
 

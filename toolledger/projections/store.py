@@ -28,8 +28,8 @@ from toolledger.events.fold import DeadLetter, HistoryEntry, LedgerFold, Positio
 from toolledger.events.log import LogIdentity, LogIdentityError
 from toolledger.events.records import UNSETTLED, CallRecord, RunRecord, Verdict
 from toolledger.events.signing import VerifyKeys
+from toolledger.port import CallQuery
 from toolledger.projections.facts import Fact
-from toolledger.runtime.port import CallQuery
 
 
 class StoreError(ToolLedgerError):

@@ -33,11 +33,10 @@ from collections.abc import Callable, Sequence
 
 from pydantic import ValidationError
 
-from toolledger.errors import seconds
+from toolledger.errors import LedgerUnavailable, seconds
 from toolledger.events.records import Verdict
 from toolledger.projections.dberrors import database_errors
 from toolledger.projections.listening import PostgresListener, stop_task
-from toolledger.runtime.port import LedgerUnavailable
 
 log = logging.getLogger("toolledger.verdicts")
 

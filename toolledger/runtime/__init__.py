@@ -4,18 +4,22 @@ Modules, in the order a call meets them: `tools` (declarations), `effects` (retr
 `context` (what a tool receives), `ledger` (`Ledger.call`), `policy` (the call-policy layer
 that `AgentRun` and the framework adapters share), `pipeline` (the one road of a call),
 `replay` and `reconcile` (keys already in the ledger), `pipelined` (its reservation mode's
-rules), `protocol` (the steps and their waiting policies), `executor` (attempts and
-classification), `recording` (outcome events, background appends), `port` (everything the
-runtime reads and appends, and nothing under it), `outcome` (what the caller gets), `errors`;
+rules), `protocol` (the steps and how long each waits), `executor` (attempts and
+classification), `recording` (outcome events, background appends), `outcome` (what the
+caller gets), `errors`;
 `runs` (the `AgentRun` driver), `pauses` (when a paused run may resume) and `framework_runs`
 (the pauses of runs an agent framework drives, recorded for the adapters).
+Everything the runtime reads and appends goes through `toolledger.port` (`RuntimePort`), a
+floor below this package with nothing of storage under it.
 
 The names below are the runtime's public surface: the framework adapters
 (`toolledger.integrations`) import these and nothing deeper, and `toolledger` re-exports the
 ones applications use. The list is frozen by tests/unit/test_public_api.py.
 """
 
+from toolledger.errors import LedgerUnavailable
 from toolledger.events.records import CallRecord, RunRecord
+from toolledger.port import CallQuery, RuntimePort
 from toolledger.runtime.agents import AgentConfig, ToolPolicy
 from toolledger.runtime.context import ToolContext
 from toolledger.runtime.errors import (
@@ -38,21 +42,19 @@ from toolledger.runtime.outcome import ToolOutcome
 from toolledger.runtime.pipeline import CallPipeline
 from toolledger.runtime.pipeline import identity as call_identity
 from toolledger.runtime.policy import (
-    CallPolicy,
     Heard,
     HeardHow,
     HeardStatus,
     Hold,
     HoldReason,
-    decide,
+    OnUnknownOrRepeat,
+    drive_call,
 )
-from toolledger.runtime.port import CallQuery, LedgerUnavailable, RuntimePort
 from toolledger.runtime.tools import Tool, Toolset
 
 __all__ = [
     "AgentConfig",
     "CallPipeline",
-    "CallPolicy",
     "CallQuery",
     "CallRecord",
     "FrameworkRuns",
@@ -64,6 +66,7 @@ __all__ = [
     "KeyConflictError",
     "Ledger",
     "LedgerUnavailable",
+    "OnUnknownOrRepeat",
     "RunQuarantined",
     "RunRecord",
     "RunSuperseded",
@@ -82,6 +85,6 @@ __all__ = [
     "Toolset",
     "call_identity",
     "call_label",
-    "decide",
+    "drive_call",
     "resolve_command",
 ]

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from toolledger.port import Envelope
 from toolledger.runtime.context import ToolContext
 from toolledger.runtime.errors import ToolFailedError, ToolNotAttemptedError
 from toolledger.runtime.tools import PreparedCall, Tool
@@ -76,6 +77,17 @@ class CallIdentity:
     tool_call_id: str
     tenant_id: str
     key: str
+
+
+def envelope(who: CallIdentity, at: datetime) -> Envelope:
+    """The envelope of a call event about `who`, occurring `at`."""
+    return {
+        "key": who.key,
+        "run_id": who.run_id,
+        "tool_call_id": who.tool_call_id,
+        "tenant_id": who.tenant_id,
+        "occurred_at": at,
+    }
 
 
 async def execute(

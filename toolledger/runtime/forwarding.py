@@ -14,7 +14,7 @@ from collections.abc import Collection
 from toolledger.events.models import CallReserved, Event
 from toolledger.events.payloads import PayloadLimits
 from toolledger.events.records import CallRecord, RunRecord, Verdict
-from toolledger.runtime.port import CallQuery, RuntimePort
+from toolledger.port import CallQuery, RuntimePort
 
 
 class ForwardingPort(RuntimePort):

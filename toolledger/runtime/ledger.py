@@ -9,7 +9,7 @@ later, it awaits its verdict without ever giving up and returns the ledger's tru
 that cannot be recorded at all is replaced by `indeterminate` naming why, and
 `ToolResultUnrecordable` is raised at once: never a call `started` forever.
 
-`Ledger` stands on its `RuntimePort` (`toolledger.runtime.port`) and nothing under it: pass it
+`Ledger` stands on its `RuntimePort` (`toolledger.port`) and nothing under it: pass it
 any adapter. `Ledger.memory()` and `Ledger.connect()` ask the wiring (`toolledger.wiring`,
 imported when they are called) for the embedded port or the Kafka and PostgreSQL one.
 
@@ -29,11 +29,11 @@ from toolledger.events.models import utcnow
 from toolledger.events.payloads import PayloadLimits
 from toolledger.events.records import CallRecord, RunRecord
 from toolledger.events.signing import SigningKey
+from toolledger.port import CallQuery, RuntimePort
 from toolledger.runtime.outcome import ToolOutcome
 from toolledger.runtime.pauses import resumable_runs
 from toolledger.runtime.pipeline import CallPipeline, identity
-from toolledger.runtime.port import CallQuery, RuntimePort
-from toolledger.runtime.protocol import CallProtocol, WaitPolicy
+from toolledger.runtime.protocol import CallProtocol, CallWaits
 from toolledger.runtime.tools import Tool
 
 if TYPE_CHECKING:
@@ -62,7 +62,7 @@ class Ledger:
         self.port = port
         self.embedded_signing_key = embedded_signing_key
         self.clock = clock
-        self.protocol = CallProtocol(port, WaitPolicy.runtime(verdict_timeout), clock=clock)
+        self.protocol = CallProtocol(port, CallWaits.runtime(verdict_timeout), clock=clock)
         #: The one road of a call; the call-policy layer (`toolledger.runtime.policy`) uses it.
         self.pipeline = CallPipeline(self.protocol)
         self._on_close = on_close

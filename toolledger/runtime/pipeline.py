@@ -25,7 +25,7 @@ them is a parameter, never a copy of the flow (docs/architecture.md, "The one ro
      for a reservation refused after its tool ran).
 5. **Execute** the tool (`toolledger.runtime.executor`: attempts, timeouts, classification).
 6. **Record** the outcome (appended until it lands) and **answer**. With the runtime's
-   `WaitPolicy` (`answer_on_ack`) an outcome appended inside the reservation's deadline returns
+   `CallWaits` (`answer_on_ack`) an outcome appended inside the reservation's deadline returns
    on Kafka's acknowledgement: nobody else may settle the call before then, so the verdict can
    only agree. Otherwise the verdict is awaited, as the policy bounds it, and the answer is the
    ledger's truth (an operator's decision rather than this late result, if one came first).
@@ -43,8 +43,10 @@ from typing import Any, Final, Generic, TypeVar
 
 from pydantic import ValidationError
 
+from toolledger.errors import LedgerUnavailable
 from toolledger.events.models import CallIndeterminate, CallReserved, call_key
 from toolledger.events.records import CallRecord, Verdict
+from toolledger.port import NothingReserved
 from toolledger.runtime import pipelined, replay
 from toolledger.runtime.errors import (
     ToolArgumentsError,
@@ -55,7 +57,6 @@ from toolledger.runtime.errors import (
 )
 from toolledger.runtime.executor import Attempted, CallIdentity, Indeterminate
 from toolledger.runtime.outcome import ToolOutcome, own_outcome, settled_outcome, unsettled_error
-from toolledger.runtime.port import LedgerUnavailable, NothingReserved
 from toolledger.runtime.protocol import CallProtocol, Landed
 from toolledger.runtime.tools import PreparedCall, Tool
 from toolledger.runtime.tracing import CallTrace, Phase
@@ -100,7 +101,7 @@ class _Call(Generic[T]):
 
 
 class CallPipeline:
-    """The road of a call over `protocol` (its port and its `WaitPolicy`)."""
+    """The road of a call over `protocol` (its port and its `CallWaits`)."""
 
     def __init__(self, protocol: CallProtocol) -> None:
         self.protocol = protocol

@@ -70,6 +70,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from toolledger.events.records import RunRecord, Verdict
+from toolledger.port import RuntimePort
 from toolledger.runtime import replay
 from toolledger.runtime.errors import (
     KeyConflictError,
@@ -79,7 +80,6 @@ from toolledger.runtime.errors import (
 )
 from toolledger.runtime.executor import CallIdentity
 from toolledger.runtime.outcome import ToolOutcome
-from toolledger.runtime.port import RuntimePort
 from toolledger.runtime.protocol import CallProtocol
 from toolledger.runtime.tools import PreparedCall, Tool
 

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from toolledger.events.records import UNSETTLED, CallRecord
+from toolledger.port import CallQuery
 from toolledger.runtime.errors import (
     KeyConflictError,
     ToolArgumentsError,
@@ -48,10 +49,17 @@ from toolledger.runtime.errors import (
 )
 from toolledger.runtime.executor import CallIdentity
 from toolledger.runtime.pipeline import CallPipeline
-from toolledger.runtime.port import CallQuery
 from toolledger.runtime.tools import Tool
 
-__all__ = ["CallPolicy", "Heard", "HeardHow", "HeardStatus", "Hold", "HoldReason", "decide"]
+__all__ = [
+    "Heard",
+    "HeardHow",
+    "HeardStatus",
+    "Hold",
+    "HoldReason",
+    "OnUnknownOrRepeat",
+    "drive_call",
+]
 
 HeardStatus = Literal["completed", "failed", "indeterminate", "compensated"]
 #: How the answer came about: the tool ran (or the ledger replayed its result), someone else
@@ -65,7 +73,7 @@ _LATE_SETTLERS = ("operator", "reconcile")
 TWIN_SCAN_LIMIT = 500
 
 
-class CallPolicy(Protocol):
+class OnUnknownOrRepeat(Protocol):
     """What to do with an unknown call and with a repeated intent (`ToolPolicy` and the
     adapters' `AdapterOptions` both are one)."""
 
@@ -107,12 +115,12 @@ class Hold:
     detail: str
 
 
-async def decide(
+async def drive_call(
     pipeline: CallPipeline,
     tool: Tool[Any, Any],
     who: CallIdentity,
     arguments: Mapping[str, Any],
-    policy: CallPolicy,
+    policy: OnUnknownOrRepeat,
     *,
     run_version: int | None = None,
 ) -> Heard | Hold:

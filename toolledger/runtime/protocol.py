@@ -1,8 +1,8 @@
-"""CallProtocol: reserve -> execute -> record, written once, with an explicit waiting policy.
+"""CallProtocol: reserve -> execute -> record, written once, with explicit waits.
 
 Every process that makes a ledgered call walks the same steps (docs/architecture.md, "A call,
 step by step"); what differs between them is only how long each may wait, which is a
-`WaitPolicy` and nothing else:
+`CallWaits` and nothing else:
 
 1. **Reserve.** `reservation()` builds the `CallReserved` (deadline = now + the tool's budget).
    Reserving is two steps, `append_reservation()` (returns on Kafka's acknowledgement) and
@@ -41,13 +41,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
-from toolledger.errors import seconds
+from toolledger.errors import LedgerUnavailable, seconds
 from toolledger.events.log import RecordTooLarge
 from toolledger.events.models import CallAbandoned, CallEvent, CallReserved
 from toolledger.events.payloads import PayloadError
 from toolledger.events.records import CallRecord, Verdict
-from toolledger.runtime.executor import Attempted, CallIdentity, execute
-from toolledger.runtime.port import LedgerUnavailable, NothingReserved, RuntimePort, envelope
+from toolledger.port import NothingReserved, RuntimePort
+from toolledger.runtime.executor import Attempted, CallIdentity, envelope, execute
 from toolledger.runtime.recording import (
     BackgroundAppends,
     Outcome,
@@ -63,13 +63,13 @@ log = logging.getLogger("toolledger.runtime")
 class OutcomeVerdictPending(LedgerUnavailable):
     """A tool ran and its outcome is in the log (or being appended until it lands), but its
     verdict did not come within the wait allowed: the outcome will be applied; read the call
-    again later. Raised by a bounded `WaitPolicy`, and by any policy once the ledger closes."""
+    again later. Raised by a bounded `CallWaits`, and by any policy once the ledger closes."""
 
     code = "outcome_verdict_pending"
 
 
 @dataclass(frozen=True)
-class WaitPolicy:
+class CallWaits:
     """How long each step of a call may wait.
 
     - `verdict_timeout`: the reservation's verdict (no verdict: abandoned, not attempted), a
@@ -94,15 +94,15 @@ class WaitPolicy:
         bound = 1.0 if self.outcome_wait is None else self.outcome_wait
         waits = (self.verdict_timeout, self.resend_every, bound)
         if min(waits) <= 0:
-            raise ValueError(f"every wait of a WaitPolicy must be positive: {self}")
+            raise ValueError(f"every wait of a CallWaits must be positive: {self}")
 
     @classmethod
-    def runtime(cls, verdict_timeout: float) -> WaitPolicy:
+    def runtime(cls, verdict_timeout: float) -> CallWaits:
         """An agent runtime's: an outcome's verdict is awaited without ever giving up."""
         return cls(verdict_timeout=verdict_timeout)
 
     @classmethod
-    def request(cls, verdict_timeout: float) -> WaitPolicy:
+    def request(cls, verdict_timeout: float) -> CallWaits:
         """A request somebody waits on (the API's compensations, a reconciler's question):
         every wait bounded by `verdict_timeout`."""
         return cls(
@@ -122,7 +122,7 @@ class CallProtocol:
     """The steps of one ledgered call over `port`, waiting as `policy` says."""
 
     def __init__(
-        self, port: RuntimePort, policy: WaitPolicy, *, clock: Callable[[], datetime]
+        self, port: RuntimePort, policy: CallWaits, *, clock: Callable[[], datetime]
     ) -> None:
         self.port = port
         self.policy = policy

@@ -30,8 +30,8 @@ from toolledger.events.lifecycle import may_still_run, open_until
 from toolledger.events.models import CallCompleted, CallFailed, ReconcileAttempted
 from toolledger.events.payloads import bounded_text
 from toolledger.events.records import CallRecord
+from toolledger.port import Envelope
 from toolledger.runtime.context import ToolContext
-from toolledger.runtime.port import Envelope
 from toolledger.runtime.tools import ReconcileOutcome, Tool
 
 log = logging.getLogger("toolledger.reconcile")

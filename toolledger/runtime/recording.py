@@ -32,8 +32,8 @@ from typing import Any, TypeVar
 
 from toolledger.events.models import CallCompleted, CallFailed, CallIndeterminate
 from toolledger.events.payloads import bounded_text
+from toolledger.port import Envelope
 from toolledger.runtime.executor import Attempted, Completed, Indeterminate
-from toolledger.runtime.port import Envelope
 
 log = logging.getLogger("toolledger.runtime")
 

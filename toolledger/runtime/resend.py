@@ -47,6 +47,7 @@ from toolledger.events.lifecycle import CLOCK_SKEW_GRACE
 from toolledger.events.models import ReconcileAttempted
 from toolledger.events.payloads import bounded_text
 from toolledger.events.records import UNSETTLED, CallRecord, Verdict
+from toolledger.port import Envelope
 from toolledger.runtime.context import ToolContext
 from toolledger.runtime.errors import (
     ToolCallError,
@@ -56,7 +57,6 @@ from toolledger.runtime.errors import (
     call_label,
     resolve_command,
 )
-from toolledger.runtime.port import Envelope
 from toolledger.runtime.protocol import CallProtocol
 from toolledger.runtime.reconcile import finding_for, settles
 from toolledger.runtime.tools import ReconcileOutcome, Tool

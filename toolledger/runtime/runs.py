@@ -42,7 +42,7 @@ from toolledger.runtime.agents import AgentConfig
 from toolledger.runtime.errors import RunSuperseded
 from toolledger.runtime.ledger import Ledger
 from toolledger.runtime.pipeline import identity
-from toolledger.runtime.policy import Hold, decide
+from toolledger.runtime.policy import Hold, drive_call
 from toolledger.runtime.tools import Tool, Toolset
 
 Message = dict[str, Any]
@@ -208,7 +208,7 @@ class AgentRun:
         if tool is None:
             return self._error(request, f"there is no tool named {request.tool!r}")
         who = identity(tool.name, self.run_id, request.id, self.tenant_id)
-        decided = await decide(
+        decided = await drive_call(
             self.ledger.pipeline,
             tool,
             who,

@@ -34,8 +34,8 @@ from opentelemetry.trace import Span, Status, StatusCode
 from prometheus_client import Histogram
 
 from toolledger import telemetry as names
+from toolledger.errors import LedgerUnavailable
 from toolledger.events.records import CallRecord, Verdict
-from toolledger.runtime.errors import LedgerUnavailable
 from toolledger.runtime.executor import Attempted, Completed, Failed
 from toolledger.runtime.outcome import ToolOutcome
 

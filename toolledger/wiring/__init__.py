@@ -6,8 +6,8 @@ sits behind it is chosen here, and only here, from what the process was given:
 - `memory_port()`: the embedded ledger (memory log, memory store, an in-process projector).
   It loads neither aiokafka nor asyncpg.
 - `connect_port(settings)`: Kafka and PostgreSQL: the direct path (`StackPort`), or with
-  `TOOLLEDGER_LEADER=auto` the leader fast path (`LeaderPort`, over the direct path it falls
-  back to). `toolledger.wiring.leader` says how.
+  `TOOLLEDGER_LEADER=auto` the leader fast path (`StackLeaderPort`, over the direct path it
+  falls back to). `toolledger.wiring.leader` says how.
 
 Each port keeps the `LedgerStack` under it (`port.stack`), for whoever must close it. The stack's
 parts live in this package too: `stack` (`LedgerStack`), `stack_port` (`StackPort`) and
@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from toolledger.events.payloads import PayloadLimits
     from toolledger.events.signing import VerifyKeys
-    from toolledger.leader.runtime_port import LeaderPort
     from toolledger.settings import Settings
+    from toolledger.wiring.leader import StackLeaderPort
     from toolledger.wiring.stack import LedgerStack
     from toolledger.wiring.stack_port import StackPort
 
@@ -42,7 +42,7 @@ async def memory_port(
 
 async def connect_port(
     settings: Settings | None, *, run_projector: bool = False
-) -> tuple[StackPort | LeaderPort, float]:
+) -> tuple[StackPort | StackLeaderPort, float]:
     """The port over Kafka and PostgreSQL from `settings` (None: the `TOOLLEDGER_*`
     environment, the projector's block when `run_projector`), with the verdict timeout those
     settings give. `ConfigError` names a bad or missing setting."""

@@ -21,7 +21,7 @@ from typing import TypeVar
 
 from pydantic import TypeAdapter
 
-from toolledger.errors import seconds
+from toolledger.errors import LedgerUnavailable, seconds
 from toolledger.events.codec import encode
 from toolledger.events.fold import HistoryEntry
 from toolledger.events.log import EventLog, LogError, Position, RecordTooLarge
@@ -42,7 +42,6 @@ from toolledger.events.records import CallRecord, RunRecord, Verdict
 from toolledger.projections.dberrors import database_errors, transient_database_error
 from toolledger.projections.store import LedgerStore
 from toolledger.projections.verdicts import VerdictWaiter
-from toolledger.runtime.port import LedgerUnavailable
 
 log = logging.getLogger("toolledger.commands")
 

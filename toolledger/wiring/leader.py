@@ -1,91 +1,86 @@
-"""Where the fast path is switched on: a leader beside each projector, a `LeaderPort` per runtime.
+"""Where a runtime's fast path is switched on: a `LeaderPort` per runtime.
 
-The rest of the wiring calls these two functions and nothing else of `toolledger.leader`, so
-no other part of the codebase knows leaders exist:
+The rest of the wiring calls `leader_port` here and `start_leader`
+(`toolledger.wiring.projector_leader`, the leader beside each projector) and nothing else of
+`toolledger.leader`, so no other part of the codebase knows leaders exist.
 
-- `start_leader` gives a projector process its `LeaderServer` (the projector's
-  `PartitionFollower`) unless `TOOLLEDGER_LEADER_LISTEN=off`, with TLS when the projector's
-  settings name its certificate (`toolledger.leader.tls`).
-- `leader_port` gives a runtime on Kafka and PostgreSQL its port: a `LeaderPort` over the
-  direct path with `TOOLLEDGER_LEADER=auto` (the default), else the direct path. With no
-  leader registered a `LeaderPort` behaves as the direct path; the embedded (memory) stack
-  keeps the direct path, having no network to save.
+`leader_port` gives a runtime on Kafka and PostgreSQL its port: a `StackLeaderPort` over the
+direct path with `TOOLLEDGER_LEADER=auto` (the default), else the direct path. With no leader
+registered a `LeaderPort` behaves as the direct path; the embedded (memory) stack keeps the
+direct path, having no network to save.
 
-A leader that listens beyond loopback without verifying runtimes' certificates starts, with a
-warning in the log: on a private network (a compose network, a VPC whose other hosts are the
-ledger's own) that is as exposed as the broker runtimes append to directly, and refusing would
-only push such a deployment back to the direct path. Anywhere else it lets whoever can reach
-the port append what a runtime may append, for any run, hence the warning's words.
+The runtime side of the leader knows nothing of stacks: `StackLeaderPort` is the `LeaderPort`
+the wiring builds, which gives it what it needs of the stack under its direct path
+(`DirectServices`, looked up on the stack at every use, as `StackPort` does) and where the
+leaders are (`LeaderAddresses`: the projector side's `LeaderReads`, a database error turned
+into `LedgerUnavailable`), and keeps that stack as `stack` for whoever closes it, as every port
+the wiring builds does.
 """
 
 from __future__ import annotations
 
-import logging
+import uuid
 
-from toolledger.events.log import EventLog
-from toolledger.events.signing import VerifyKeys
-from toolledger.leader.client import LeaderDirectory
-from toolledger.leader.provenance import LeaderReads
-from toolledger.leader.runtime_port import LeaderPort
-from toolledger.leader.server import LeaderServer
-from toolledger.leader.tls import ClientTLS, is_loopback, server_context
-from toolledger.settings import ProjectorSettings, Settings, load_settings
+from toolledger.errors import LedgerUnavailable
+from toolledger.events.models import Event
+from toolledger.events.records import Verdict
+from toolledger.leader.projector_side.reads import LeaderReads
+from toolledger.leader.runtime_side.connection import LeaderDirectory
+from toolledger.leader.runtime_side.port import LeaderPort
+from toolledger.leader.runtime_side.tls import ClientTLS
+from toolledger.projections.dberrors import database_errors
+from toolledger.settings import Settings
+from toolledger.wiring.stack import LedgerStack
 from toolledger.wiring.stack_port import StackPort
 
-log = logging.getLogger("toolledger.leader")
+
+class StackServices:
+    """`DirectServices` over a stack: its commands, waiter and log, looked up at every use."""
+
+    def __init__(self, stack: LedgerStack) -> None:
+        self.stack = stack
+
+    @property
+    def max_record_bytes(self) -> int:
+        return self.stack.events.max_record_bytes
+
+    async def offload(self, event: Event) -> Event:
+        return await self.stack.commands.offload(event)
+
+    async def restored_verdict(self, verdict: Verdict) -> Verdict:
+        return await self.stack.commands.restored_verdict(verdict)
+
+    async def committed(self, event_id: uuid.UUID, timeout: float) -> None:
+        await self.stack.waiter.wait(event_id, timeout)
 
 
-async def start_leader(
-    settings: Settings, events: EventLog, keys: VerifyKeys
-) -> LeaderServer | None:
-    """The leader of a projector process, listening; None with `TOOLLEDGER_LEADER_LISTEN=off`."""
-    if settings.leader_listen == "off":
-        return None
-    if not isinstance(settings, ProjectorSettings):  # its TLS settings are the projector's own
-        settings = load_settings(ProjectorSettings, **settings.model_dump())
-    database_url, _ = settings.require_services()
-    host, _, port = settings.leader_listen.rpartition(":")
-    tls = None
-    if settings.leader_tls_cert is not None and settings.leader_tls_key is not None:
-        tls = server_context(
-            settings.leader_tls_cert, settings.leader_tls_key, settings.leader_tls_runtime_ca
-        )
-    reads = LeaderReads(database_url, settings.schema_name)
-    server = LeaderServer(
-        events,
-        reads,
-        keys,
-        settings.partitions,
-        host=host,
-        port=int(port),
-        max_body=settings.max_record_bytes + 64 * 1024,
-        tls=tls,
-    )
-    await server.start()
-    warning = exposure_warning(
-        server.address,
-        tls=tls is not None,
-        verifies_runtimes=settings.leader_tls_runtime_ca is not None,
-    )
-    if warning is not None:
-        log.warning("%s", warning)
-    return server
+class RegisteredLeaders:
+    """`LeaderAddresses` over `LeaderReads`: a database error is `LedgerUnavailable`."""
+
+    def __init__(self, reads: LeaderReads) -> None:
+        self.reads = reads
+
+    async def leaders(self) -> dict[int, str | None]:
+        try:
+            return await self.reads.leaders()
+        except database_errors() as exc:
+            raise LedgerUnavailable(str(exc)) from exc
+
+    async def close(self) -> None:
+        await self.reads.close()
 
 
-def exposure_warning(address: str, *, tls: bool, verifies_runtimes: bool) -> str | None:
-    """What to warn of for a leader bound to `address` (see the module), or None."""
-    if is_loopback(address.rpartition(":")[0]) or verifies_runtimes:
-        return None
-    how = "over TLS but accepting any client" if tls else "without TLS"
-    return (
-        f"the leader listens on {address}, beyond this machine, {how}: anyone who can reach it "
-        "can append reservations and outcomes for any run. Unless this network is private, set "
-        "TOOLLEDGER_LEADER_TLS_CERT, TOOLLEDGER_LEADER_TLS_KEY and "
-        "TOOLLEDGER_LEADER_TLS_RUNTIME_CA, or TOOLLEDGER_LEADER_LISTEN to a loopback address"
-    )
+class StackLeaderPort(LeaderPort):
+    """The `LeaderPort` over a `StackPort`, keeping its stack (see the module)."""
+
+    def __init__(
+        self, direct: StackPort, directory: LeaderDirectory, partitions: int, bound: float
+    ) -> None:
+        super().__init__(direct, StackServices(direct.stack), directory, partitions, bound)
+        self.stack = direct.stack
 
 
-def leader_port(direct: StackPort, settings: Settings) -> StackPort | LeaderPort:
+def leader_port(direct: StackPort, settings: Settings) -> StackPort | StackLeaderPort:
     """The port a runtime uses over `direct`: the fast path unless it is off or not possible."""
     stack = direct.stack
     if settings.leader == "off" or settings.database_url is None:
@@ -98,8 +93,8 @@ def leader_port(direct: StackPort, settings: Settings) -> StackPort | LeaderPort
             settings.runtime_tls_key,
             settings.runtime_tls_leader_name,
         )
-    reads = LeaderReads(settings.database_url, settings.schema_name)
-    port = LeaderPort(
+    reads = RegisteredLeaders(LeaderReads(settings.database_url, settings.schema_name))
+    port = StackLeaderPort(
         direct,
         LeaderDirectory(reads, tls=tls),
         settings.partitions,

@@ -191,7 +191,9 @@ class LedgerStack:
         projector = None
         leader = None
         if run_projector:
-            from toolledger.wiring.leader import start_leader  # only where a projector runs
+            from toolledger.wiring.projector_leader import (
+                start_leader,  # only where a projector runs
+            )
 
             leader = await start_leader(settings, events, verify_keys)
             projector = Projector(

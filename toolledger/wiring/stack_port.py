@@ -25,11 +25,12 @@ import logging
 import uuid
 from collections.abc import AsyncIterator, Collection
 
+from toolledger.errors import LedgerUnavailable
 from toolledger.events.models import Event
 from toolledger.events.payloads import PayloadLimits
 from toolledger.events.records import CallRecord, RunRecord, Verdict
+from toolledger.port import CallQuery, RuntimePort
 from toolledger.projections.dberrors import database_errors
-from toolledger.runtime.port import CallQuery, LedgerUnavailable, RuntimePort
 from toolledger.wiring.stack import LedgerStack
 
 log = logging.getLogger("toolledger.runtime")

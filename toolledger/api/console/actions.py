@@ -80,7 +80,7 @@ async def sign_out(request: Request) -> Response:
 
 
 @router.post("/call/{decision}")
-async def decide(request: Request, decision: str) -> Response:
+async def apply_decision(request: Request, decision: str) -> Response:
     """One of the four decisions on the call named by the form's `key` field."""
     signed = await signed_in(request)
     fields = await form_of(request, signed.session)

@@ -1,5 +1,10 @@
 """RuntimePort: everything the runtime asks of a ledger, and what it may expect back.
 
+This module is a floor of its own, below both the runtime (which asks through the port) and
+the projections and wiring (which answer it): it imports nothing of toolledger but the errors
+and the events, so a store can take `CallQuery` and an adapter can implement `RuntimePort`
+without loading the runtime, and the runtime can stand on the port without loading storage.
+
 `Ledger`, `AgentRun`, the call protocol (`toolledger.runtime.protocol`), the compensator and the
 reconciler talk to the ledger through this port and nothing else, so the rules below hold in
 one place instead of at every call site:
@@ -13,10 +18,10 @@ one place instead of at every call site:
 - **An append is retried with the same event_id**, so resending never applies a request twice.
 
 Waiting is not decided here: every method is bounded by the `timeout` it is given, and the
-policies (how long, whether to try again) are the call protocol's `WaitPolicy`.
-`CallQuery` (what `list_calls` asks) is the port's own type, so it lives here, with no storage
-under it; so is `LedgerUnavailable` (what every method raises when the ledger cannot answer),
-defined with the other errors in `toolledger.errors` and exported here.
+policies (how long, whether to try again) are the call protocol's `CallWaits`.
+`CallQuery` (what `list_calls` asks), `NothingReserved` and `Envelope` are the port's own
+types, so they live here; `LedgerUnavailable` (what every method raises when the ledger cannot
+answer) is defined with the other errors in `toolledger.errors`, and imported from there.
 The adapters are chosen by the wiring (`toolledger.wiring`): `StackPort` over a memory or a
 Kafka and PostgreSQL stack.
 """
@@ -28,24 +33,14 @@ from abc import ABC, abstractmethod
 from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, TypedDict
+from typing import TypedDict
 
 from toolledger.errors import LedgerUnavailable
 from toolledger.events.models import CallReserved, Event
 from toolledger.events.payloads import PayloadLimits
 from toolledger.events.records import CallRecord, CallStatus, RunRecord, Verdict
 
-if TYPE_CHECKING:
-    from toolledger.runtime.executor import CallIdentity
-
-__all__ = [
-    "CallQuery",
-    "Envelope",
-    "LedgerUnavailable",
-    "NothingReserved",
-    "RuntimePort",
-    "envelope",
-]
+__all__ = ["CallQuery", "Envelope", "NothingReserved", "RuntimePort"]
 
 
 class NothingReserved(LedgerUnavailable):
@@ -104,17 +99,6 @@ class Envelope(TypedDict):
     tool_call_id: str
     tenant_id: str
     occurred_at: datetime
-
-
-def envelope(who: CallIdentity, at: datetime) -> Envelope:
-    """The envelope of a call event about `who`, occurring `at`."""
-    return {
-        "key": who.key,
-        "run_id": who.run_id,
-        "tool_call_id": who.tool_call_id,
-        "tenant_id": who.tenant_id,
-        "occurred_at": at,
-    }
 
 
 class RuntimePort(ABC):

@@ -3,8 +3,8 @@
 The leader answers a request with the verdict of its record the moment the record's offset is
 known, without waiting for PostgreSQL. That answer is right only if the state it was decided
 against is the fold of the log prefix before that offset. `LeaderPartition` keeps exactly that
-and nothing else, with no I/O (the asyncio shell in `toolledger.leader.appender` does the
-produces, fetches and reads, and `tests/unit/test_leader_stateful.py` drives this class through
+and nothing else, with no I/O (the asyncio shell in `appender`, beside it, does the produces,
+fetches and reads, and `tests/unit/test_leader_stateful.py` drives this class through
 every order of them):
 
 - `next` is the next offset folded in memory. Records are folded strictly in offset order
@@ -50,13 +50,13 @@ Item = Positioned | DeadLetter
 MEMORY_CAP = 200_000
 
 
-class Superseded(ToolLedgerError):
+class LeaderSuperseded(ToolLedgerError):
     """This process no longer leads the partition: stop answering for it."""
 
     code = "leader_superseded"
 
 
-class Behind(Superseded):
+class LeaderBehind(LeaderSuperseded):
     """Memory skipped a batch (`LeaderPartition.skip`) and waits for its commit to start
     afresh; until then nothing can be proven from it (the answer is "await the durable one")."""
 
@@ -139,7 +139,7 @@ class LeaderPartition:
         return Needs(frozenset(keys), frozenset(runs), frozenset(event_ids))
 
     def learn(self, loaded: Loaded) -> None:
-        """Take in rows read from PostgreSQL, if their provenance holds (else `Superseded`).
+        """Take in rows read from PostgreSQL, if their provenance holds (else `LeaderSuperseded`).
 
         A row of a key memory already knows is ignored: memory is newer. Rows read before
         memory was dropped (another `generation`) are ignored too; ask again.
@@ -176,7 +176,7 @@ class LeaderPartition:
                 self._undecided.add(event_id)
 
     def check_stored(self, stored: int) -> None:
-        """`Superseded` unless `stored` is one of this leader's own commits or the coming one.
+        """`LeaderSuperseded` unless `stored` is one of this leader's own commits or the coming one.
 
         Not only the last: a read may have been asked before the projector's latest commit
         and answered after it. Every commit since `horizon` was a compare-and-set from the one
@@ -188,17 +188,17 @@ class LeaderPartition:
                 f"partition {self.partition}: PostgreSQL holds next offset {stored}, but this "
                 f"leader last committed {self.committed}; another owner has taken it over"
             )
-            raise Superseded(self.superseded or "")
+            raise LeaderSuperseded(self.superseded or "")
 
     def supersede(self, why: str) -> None:
         self.superseded = why
 
     def check_current(self) -> None:
-        """`Superseded` (or `Behind`) unless memory may answer now."""
+        """`LeaderSuperseded` (or `LeaderBehind`) unless memory may answer now."""
         if self.superseded is not None:
-            raise Superseded(self.superseded)
+            raise LeaderSuperseded(self.superseded)
         if self.behind:
-            raise Behind(
+            raise LeaderBehind(
                 f"partition {self.partition}: memory skipped the batch up to {self.pending}, "
                 "which is being committed; await the durable verdict"
             )
@@ -258,7 +258,7 @@ class LeaderPartition:
     def skip(self, end: int) -> None:
         """The projector is about to commit up to `end` and memory will not fold it (nobody
         asked this leader for a while: folding every batch twice would only cost the projector).
-        Until that commit, nothing is answered from memory (`Behind`); after it, memory starts
+        Until that commit, nothing is answered from memory (`LeaderBehind`); after it, memory starts
         empty at `end`."""
         self.pending = end
         self.behind = True

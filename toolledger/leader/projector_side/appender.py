@@ -4,7 +4,7 @@ Requests for a partition queue up while the previous batch is in flight and go o
 every record of the batch is sent at once, so the producer packs them into one produce request
 (acks=all), and each acknowledgement says the record's offset. While Kafka acknowledges, the
 rows the batch names that memory does not hold are read from PostgreSQL with the partition's
-stored offset (`toolledger.leader.provenance`), so the read costs no extra wait.
+stored offset (`toolledger.leader.projector_side.reads`), so the read costs no extra wait.
 
 Then the proof, under the partition's lock (the projector's hook takes it too, so the two
 never fold at once): if the batch's first offset is the next offset memory has folded to,
@@ -36,8 +36,14 @@ from toolledger.events.log import EventLog, LogError, LogReader, LogRecord, Posi
 from toolledger.events.models import Event
 from toolledger.events.records import Verdict
 from toolledger.events.signing import VerifyKeys
-from toolledger.leader.frames import Kind
-from toolledger.leader.partition import Item, LeaderPartition, Loaded, Needs, Superseded
+from toolledger.leader.projector_side.partition import (
+    Item,
+    LeaderPartition,
+    LeaderSuperseded,
+    Loaded,
+    Needs,
+)
+from toolledger.leader.runtime_side.frames import Kind
 from toolledger.projections.decoding import decode_records
 
 log = logging.getLogger("toolledger.leader")
@@ -109,7 +115,7 @@ class GapReader:
                 records = [r for r in fetched.get(partition, []) if at <= r.offset < end]
                 batch = decode_records(partition, records, at, self._keys, decode)
                 if batch.halted is not None:
-                    raise Superseded(batch.halted)
+                    raise LeaderSuperseded(batch.halted)
                 items.extend(batch.items)
                 kept.extend(r for r in records if r.offset < batch.next_offset)
                 at = batch.next_offset
@@ -239,7 +245,7 @@ class PartitionAppender:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._loader
         if self._wanted is not None:
-            _settle(self._wanted.loaded, Superseded("the leader stopped"))
+            _settle(self._wanted.loaded, LeaderSuperseded("the leader stopped"))
         if self._flusher is not None:
             self._flusher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -262,7 +268,7 @@ class PartitionAppender:
             except asyncio.CancelledError:
                 _answer_all(batch, Answer(Kind.UNAVAILABLE, detail="the leader stopped"))
                 raise
-            except Superseded as exc:
+            except LeaderSuperseded as exc:
                 answers = [Answer(Kind.APPENDED, detail=str(exc))] * len(batch)
             except Exception as exc:  # never let one batch take the leader down
                 log.exception("partition %d: batch not proven", self.state.partition)
@@ -304,7 +310,7 @@ class PartitionAppender:
                     upto = min([o for o in own if o > state.next] + [target])
                     items, records = await self._gaps.between(partition, state.next, upto)
                     if not items:
-                        raise Superseded(
+                        raise LeaderSuperseded(
                             f"partition {partition}: records from offset {state.next} did not "
                             f"arrive within {GAP_BOUND}s"
                         )

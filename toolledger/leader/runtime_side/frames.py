@@ -18,6 +18,9 @@ header, or of a kind outside `Kind` raises `FrameError` before its body is looke
 connection that sent it is closed by whoever reads it (the leader logs why): a stream that
 carried one bad frame cannot be trusted to be in step for the next one. No new dependency: the
 stdlib's `struct` and asyncio streams are all it takes.
+
+`runtime_may_append` is the one rule of what a request may carry, read on both ends: the leader
+refuses anything else, and a runtime sends anything else straight down the direct path.
 """
 
 from __future__ import annotations
@@ -29,6 +32,15 @@ from dataclasses import dataclass
 
 from toolledger.errors import ToolLedgerError
 from toolledger.events.log import DEFAULT_MAX_RECORD_BYTES
+from toolledger.events.models import (
+    CallAbandoned,
+    CallCompleted,
+    CallFailed,
+    CallIndeterminate,
+    CallReserved,
+    Event,
+    RunEvent,
+)
 
 _LENGTH = struct.Struct(">I")
 _HEADER = struct.Struct(">BI")
@@ -152,3 +164,14 @@ class FrameWriter:
         self._queued.clear()
         if not self._writer.is_closing():
             self._writer.write(data)
+
+
+def runtime_may_append(event: Event) -> bool:
+    """Whether a runtime may send `event` to a leader: reservations, a runtime's own outcomes,
+    abandons and run events, all a leader accepts (`toolledger.leader.projector_side.listener`)."""
+    match event:
+        case CallCompleted() | CallFailed():
+            return event.source == "runtime"
+        case CallReserved() | CallIndeterminate() | CallAbandoned() | RunEvent():
+            return True
+    return False

@@ -2,11 +2,13 @@
 
 Reservations (with the read of their key, `read_or_reserve`: one round trip), a runtime's
 outcomes, abandons, run events and the fast-path read of a key go to the leader of the run's
-partition (`toolledger.leader.server`): the leader appends, proves the offset and answers with
-the verdict, so such a call needs no Kafka producer of its own, no LISTEN and no PostgreSQL
-read. Everything else (listings, runs, operator events, payload blobs)
-and every request the leader cannot serve takes the direct path, the `StackPort` this port
-wraps, unchanged. The port's promises (`toolledger.runtime.port`) hold on both paths.
+partition (`toolledger.leader.projector_side.listener`): the leader appends, proves the offset
+and answers with the verdict, so such a call needs no Kafka producer of its own, no LISTEN and
+no PostgreSQL read. Everything else (listings, runs, operator events, payload blobs) and every
+request the leader cannot serve takes the direct path, the `RuntimePort` this port wraps,
+unchanged. The port's promises (`toolledger.port`) hold on both paths. What else it needs of
+the ledger under that path is `DirectServices`, four things named below, given by the wiring
+(`toolledger.wiring.leader`): this module knows nothing of stacks, projections or PostgreSQL.
 
 An accelerator, never a dependency:
 
@@ -44,18 +46,17 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Collection
+from typing import Protocol
 
+from toolledger.errors import LedgerUnavailable
 from toolledger.events.codec import encode
 from toolledger.events.log import partition_for
 from toolledger.events.models import CallReserved, Event
 from toolledger.events.payloads import PayloadLimits
 from toolledger.events.records import CallRecord, RunRecord, Verdict
-from toolledger.leader.client import LeaderDirectory
-from toolledger.leader.frames import Frame, Kind
-from toolledger.leader.server import runtime_may_append
-from toolledger.runtime.port import CallQuery, LedgerUnavailable, NothingReserved, RuntimePort
-from toolledger.wiring.stack import LedgerStack
-from toolledger.wiring.stack_port import StackPort
+from toolledger.leader.runtime_side.connection import LeaderDirectory
+from toolledger.leader.runtime_side.frames import Frame, Kind, runtime_may_append
+from toolledger.port import CallQuery, NothingReserved, RuntimePort
 
 #: Seconds a leader has to answer before the call takes the direct path.
 DEFAULT_BOUND = 1.0
@@ -73,13 +74,37 @@ _SERVED = {
 }
 
 
+class DirectServices(Protocol):
+    """What a `LeaderPort` needs of the ledger under its direct path, besides that path's port."""
+
+    @property
+    def max_record_bytes(self) -> int:
+        """The largest record the log takes: a larger event goes direct, to be refused there."""
+
+    async def offload(self, event: Event) -> Event:
+        """`event` with its large payloads stored by reference, as the direct path stores them."""
+
+    async def restored_verdict(self, verdict: Verdict) -> Verdict:
+        """`verdict` with its call's payloads back in place."""
+
+    async def committed(self, event_id: uuid.UUID, timeout: float) -> None:
+        """Return once the projection committed `event_id`'s verdict; `LedgerUnavailable` if
+        it did not within `timeout` seconds."""
+
+
 class LeaderPort(RuntimePort):
     """`RuntimePort` through partition leaders, falling back to `direct` (see the module)."""
 
     def __init__(
-        self, direct: StackPort, directory: LeaderDirectory, partitions: int, bound: float
+        self,
+        direct: RuntimePort,
+        services: DirectServices,
+        directory: LeaderDirectory,
+        partitions: int,
+        bound: float,
     ) -> None:
         self.direct = direct
+        self.services = services
         self.directory = directory
         self.partitions = partitions
         self.bound = bound
@@ -92,11 +117,6 @@ class LeaderPort(RuntimePort):
         self.stats = {"leader": 0, "direct": 0}
         #: Requests sent to leaders, by kind (`APPEND`, `READ`, `RESERVE`), answered or not.
         self.sent: Counter[str] = Counter()
-
-    @property
-    def stack(self) -> LedgerStack:
-        """The stack of the direct path (its owner closes it)."""
-        return self.direct.stack
 
     @property
     def limits(self) -> PayloadLimits:
@@ -121,9 +141,9 @@ class LeaderPort(RuntimePort):
         ]
         if not wanted:
             return
-        waiter = self.direct.stack.waiter
+        committed = self.services.committed
         try:
-            await asyncio.gather(*(waiter.wait(event_id, timeout) for _, event_id in wanted))
+            await asyncio.gather(*(committed(event_id, timeout) for _, event_id in wanted))
         except LedgerUnavailable as exc:
             raise LedgerUnavailable(
                 f"the ledger in PostgreSQL has not caught up with what the partition leaders "
@@ -163,9 +183,9 @@ class LeaderPort(RuntimePort):
         direct path (the leader may have appended it: resend it there)."""
         if not runtime_may_append(event):
             return None
-        light = await self.direct.stack.commands.offload(event)
+        light = await self.services.offload(event)
         data = encode(light)
-        if len(data) > self.direct.stack.events.max_record_bytes:
+        if len(data) > self.services.max_record_bytes:
             return None  # the direct path refuses it (`RecordTooLarge`), as it always did
         partition = partition_for(event.run_id, self.partitions)
         frame = await self._ask(partition, kind, data, within)
@@ -185,7 +205,7 @@ class LeaderPort(RuntimePort):
         if frame.kind is Kind.APPENDED:
             return await self.direct.await_verdict(event.event_id, timeout)
         verdict = Verdict.model_validate_json(frame.body)
-        return await self.direct.stack.commands.restored_verdict(verdict)
+        return await self.services.restored_verdict(verdict)
 
     async def append_and_await(self, event: Event, timeout: float) -> Verdict:
         started = time.monotonic()
@@ -269,7 +289,7 @@ class LeaderPort(RuntimePort):
         if answered is None:
             return await self.direct.await_verdict(event_id, timeout)
         self.direct.unwatch_verdict(event_id)
-        return await self.direct.stack.commands.restored_verdict(answered)
+        return await self.services.restored_verdict(answered)
 
     def watch_verdict(self, event_id: uuid.UUID) -> None:
         self._watched.add(event_id)

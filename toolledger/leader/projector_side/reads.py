@@ -1,11 +1,11 @@
 """The leader's reads of PostgreSQL: rows with known provenance, and where leaders are.
 
-`LeaderReads.load` answers a `Needs` (`toolledger.leader.partition`) in ONE statement that also
-reads the partition's stored next offset, so the rows and the offset come from one snapshot:
-the rows are exactly the fold of the log before that offset. That is what lets the leader
-decide whether it may use them (the offset is its own last commit) or has been superseded.
-It reuses the projector's own load (`batch_sql.LOAD`, one primary-key probe per wanted row),
-so the leader reads the rows the projector would read, in the same way.
+`LeaderReads.load` answers a `Needs` (`toolledger.leader.projector_side.partition`) in ONE
+statement that also reads the partition's stored next offset, so the rows and the offset come
+from one snapshot: the rows are exactly the fold of the log before that offset. That is what
+lets the leader decide whether it may use them (the offset is its own last commit) or has been
+superseded. It reuses the projector's own load (`batch_sql.LOAD`, one primary-key probe per
+wanted row), so the leader reads the rows the projector would read, in the same way.
 
 Registration lives on the ownership row (`projection_offsets.leader_address`, migration 0008)
 and is fenced like a batch: an owner registers only while the row's next offset is the one it
@@ -18,7 +18,7 @@ import uuid
 from collections import Counter
 
 from toolledger.events.records import CallRecord, RunRecord, Verdict
-from toolledger.leader.partition import Loaded, Needs
+from toolledger.leader.projector_side.partition import Loaded, Needs
 from toolledger.projections.batch_sql import (
     CALL_TYPES,
     LOAD,
@@ -31,7 +31,8 @@ from toolledger.projections.batch_sql import (
 from toolledger.projections.postgres_reads import PostgresReads
 
 #: A run that has a row is read with its calls if it has at most this many: memory then knows
-#: every key of it ("Whole runs" in `toolledger.leader.partition`). One more is read to tell.
+#: every key of it ("Whole runs" in `toolledger.leader.projector_side.partition`). One more is
+#: read to tell.
 RUN_CALLS_LOADED = 128
 _NULLS = ", ".join(f"NULL::{t}" for t in (*CALL_TYPES.values(), *RUN_TYPES.values()))
 _RUN_CALLS = 5

@@ -1,4 +1,6 @@
-"""TLS on the leader's connections, with certificates on both ends (stdlib `ssl` only).
+"""TLS on the leader's connections, with certificates on both ends (stdlib `ssl` only): the
+runtime's side, and the certificate checks both sides' settings run. The leader's side
+(its server context) is `toolledger.leader.projector_side.tls`.
 
 By default a leader listens on loopback in plain TCP: nothing leaves the machine. Where
 runtimes reach leaders over a network that is not private, each end proves what it is: the
@@ -6,7 +8,7 @@ leader presents a certificate from the CA runtimes trust for leaders
 (`TOOLLEDGER_RUNTIME_TLS_LEADER_CA`), and, when the leader is given the CA of runtimes
 (`TOOLLEDGER_LEADER_TLS_RUNTIME_CA`), it completes a handshake only with a runtime presenting
 a certificate from it. A handshake that fails ends the connection before a frame is read, so
-the runtime takes the direct path (`toolledger.leader.runtime_port`), as for any leader that
+the runtime takes the direct path (`toolledger.leader.runtime_side.port`), as for any leader that
 does not answer. TLS 1.2 at least.
 
 **The name a runtime checks.** A leader registers the address it is bound to
@@ -26,7 +28,6 @@ keys must be unencrypted PEM (protect the file, mode 0600).
 
 from __future__ import annotations
 
-import ipaddress
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,7 +40,7 @@ HANDSHAKE_TIMEOUT = 10.0
 SHUTDOWN_TIMEOUT = 2.0
 
 
-def _no_password() -> bytes:
+def no_password() -> bytes:
     """Refuses an encrypted key instead of letting OpenSSL prompt on the terminal."""
     return b""
 
@@ -69,20 +70,9 @@ def check_key(cert: Path, key: Path, cert_setting: str) -> None:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     _read(
         key,
-        lambda: context.load_cert_chain(cert, key, password=_no_password),
+        lambda: context.load_cert_chain(cert, key, password=no_password),
         f"an unencrypted PEM private key of the certificate in {cert_setting}",
     )
-
-
-def server_context(cert: Path, key: Path, runtime_ca: Path | None) -> ssl.SSLContext:
-    """The leader's side: its certificate, and runtimes' certificates required if `runtime_ca`."""
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.load_cert_chain(cert, key, password=_no_password)
-    if runtime_ca is not None:
-        context.load_verify_locations(cafile=runtime_ca)
-        context.verify_mode = ssl.CERT_REQUIRED
-    return context
 
 
 @dataclass(frozen=True)
@@ -100,19 +90,8 @@ class ClientTLS:
         context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=leader_ca)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
         if cert is not None and key is not None:
-            context.load_cert_chain(cert, key, password=_no_password)
+            context.load_cert_chain(cert, key, password=no_password)
         return cls(context, leader_name)
-
-
-def server_options(context: ssl.SSLContext | None) -> dict[str, Any]:
-    """`asyncio.start_server` keywords for a leader with `context` (None: plain TCP)."""
-    if context is None:
-        return {}
-    return {
-        "ssl": context,
-        "ssl_handshake_timeout": HANDSHAKE_TIMEOUT,
-        "ssl_shutdown_timeout": SHUTDOWN_TIMEOUT,
-    }
 
 
 def client_options(tls: ClientTLS | None, host: str) -> dict[str, Any]:
@@ -125,11 +104,3 @@ def client_options(tls: ClientTLS | None, host: str) -> dict[str, Any]:
         "ssl_handshake_timeout": HANDSHAKE_TIMEOUT,
         "ssl_shutdown_timeout": SHUTDOWN_TIMEOUT,
     }
-
-
-def is_loopback(host: str) -> bool:
-    """Whether `host` (an IP, as a bound address is, or `localhost`) stays on this machine."""
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return host == "localhost"

@@ -7,7 +7,8 @@ flight with `ConnectionError` at once, so no caller waits out its bound for an a
 cannot come; it is then dropped and made again on the next use.
 
 `LeaderDirectory` says which leader holds a partition, read from the ownership rows
-(`projection_offsets.leader_address`) and kept until something says it is stale: an answer
+(`projection_offsets.leader_address`, through the `LeaderAddresses` the wiring gives it) and
+kept until something says it is stale: an answer
 `NOT_LEADER`, a broken connection, or a leader that did not answer in time. A partition whose
 leader failed is not asked again for `retry_after` seconds; until then its calls take the
 direct path, and after it the directory is read again.
@@ -20,8 +21,10 @@ import contextlib
 import itertools
 import logging
 import time
+from typing import Protocol
 
-from toolledger.leader.frames import (
+from toolledger.errors import LedgerUnavailable
+from toolledger.leader.runtime_side.frames import (
     DEFAULT_MAX_BODY,
     Frame,
     FrameError,
@@ -30,9 +33,7 @@ from toolledger.leader.frames import (
     encode_frame,
     read_frame,
 )
-from toolledger.leader.provenance import LeaderReads
-from toolledger.leader.tls import ClientTLS, client_options
-from toolledger.projections.dberrors import database_errors
+from toolledger.leader.runtime_side.tls import ClientTLS, client_options
 
 log = logging.getLogger("toolledger.leader")
 
@@ -113,11 +114,22 @@ class LeaderConnection:
                 await self._reading
 
 
+class LeaderAddresses(Protocol):
+    """Where the leaders are, as registered on the ownership rows."""
+
+    async def leaders(self) -> dict[int, str | None]:
+        """Every partition's registered leader address (None: no leader);
+        `LedgerUnavailable` when they cannot be read."""
+
+    async def close(self) -> None:
+        """Release the connections the reads hold."""
+
+
 class LeaderDirectory:
     """Which leader answers for each partition, read from PostgreSQL when stale."""
 
     def __init__(
-        self, reads: LeaderReads, *, retry_after: float = 2.0, tls: ClientTLS | None = None
+        self, reads: LeaderAddresses, *, retry_after: float = 2.0, tls: ClientTLS | None = None
     ) -> None:
         self._reads = reads
         self.retry_after = retry_after
@@ -172,7 +184,7 @@ class LeaderDirectory:
                 return
             try:
                 self._addresses = await self._reads.leaders()
-            except database_errors() as exc:
+            except LedgerUnavailable as exc:
                 log.info("cannot read where the leaders are (%s); direct path for now", exc)
                 self._addresses = {}
             self._read_at = time.monotonic()

@@ -4,7 +4,7 @@ It is not a service of its own. The projector that holds a partition's advisory 
 leader (`PartitionFollower`), which then keeps that partition's fold in memory
 (`LeaderPartition`), registers its address on the partition's ownership row, and answers
 `APPEND`, `READ` and `RESERVE` (a read, and an append if the key is new) requests for it over
-length-prefixed frames (`toolledger.leader.frames`).
+length-prefixed frames (`toolledger.leader.runtime_side.frames`).
 A request for a partition it does not lead is answered `NOT_LEADER`, with the registered
 leader when it knows one. Ownership stays PostgreSQL's locks, order and durability Kafka's.
 
@@ -29,19 +29,18 @@ from typing import Any
 from toolledger.events.codec import DecodeError, decode
 from toolledger.events.fold import DeadLetter, Positioned
 from toolledger.events.log import EventLog, LogRecord, partition_for
-from toolledger.events.models import (
-    CallAbandoned,
-    CallCompleted,
-    CallFailed,
-    CallIndeterminate,
-    CallReserved,
-    Event,
-    RunEvent,
-)
+from toolledger.events.models import CallReserved, Event
 from toolledger.events.records import CallRecord
 from toolledger.events.signing import VerifyKeys
-from toolledger.leader.appender import Answer, GapReader, PartitionAppender
-from toolledger.leader.frames import (
+from toolledger.leader.projector_side.appender import Answer, GapReader, PartitionAppender
+from toolledger.leader.projector_side.partition import (
+    LeaderBehind,
+    LeaderPartition,
+    LeaderSuperseded,
+)
+from toolledger.leader.projector_side.reads import LeaderReads
+from toolledger.leader.projector_side.tls import server_options
+from toolledger.leader.runtime_side.frames import (
     DEFAULT_MAX_BODY,
     Frame,
     FrameError,
@@ -49,29 +48,17 @@ from toolledger.leader.frames import (
     Kind,
     encode_frame,
     read_frame,
+    runtime_may_append,
 )
-from toolledger.leader.partition import Behind, LeaderPartition, Superseded
-from toolledger.leader.provenance import LeaderReads
-from toolledger.leader.tls import server_options
 from toolledger.projections.dberrors import database_errors
 from toolledger.projections.following import Decode, PartitionFollower
 
 log = logging.getLogger("toolledger.leader")
 
 
-def runtime_may_append(event: Event) -> bool:
-    """Whether a runtime may send `event` to a leader (see the module docstring)."""
-    match event:
-        case CallCompleted() | CallFailed():
-            return event.source == "runtime"
-        case CallReserved() | CallIndeterminate() | CallAbandoned() | RunEvent():
-            return True
-    return False
-
-
 class LeaderServer(PartitionFollower):
     """Serves the partitions its projector holds, on `host:port` (port 0: any free one), over
-    TLS with `tls` (`toolledger.leader.tls.server_context`), else plain TCP."""
+    TLS with `tls` (`toolledger.leader.projector_side.tls.server_context`), else plain TCP."""
 
     def __init__(
         self,
@@ -167,7 +154,7 @@ class LeaderServer(PartitionFollower):
                     await appender.ensure_known([i for i in items if i.offset >= state.next])
                     state.fold(items, next_offset)
                     state.committing(next_offset)
-        except Superseded:
+        except LeaderSuperseded:
             pass
         except Exception as exc:  # the projector goes on; runtimes take the direct path
             log.warning(
@@ -356,9 +343,9 @@ class LeaderServer(PartitionFollower):
             state.check_current()
             record = state.call(key)
             known = state.knows(key)
-        except Behind:
+        except LeaderBehind:
             return Kind.NOT_KNOWN, b""
-        except Superseded:
+        except LeaderSuperseded:
             return Kind.NOT_LEADER, json.dumps({"partition": partition}).encode()
         if not known or (record is not None and record.run_id != run_id):
             return Kind.NOT_KNOWN, b""
