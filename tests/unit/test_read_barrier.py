@@ -8,7 +8,8 @@ from collections.abc import Collection
 import pytest
 
 from toolledger.events.log import LogError, partition_for
-from toolledger.projections.barrier import ReadBarrier, StaleRead, runs_of_key
+from toolledger.port import runs_of_key
+from toolledger.projections.barrier import ReadBarrier, StaleRead
 
 
 class Log:

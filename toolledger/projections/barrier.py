@@ -70,21 +70,21 @@ class Committed(Protocol):
     async def committed(self, partitions: Collection[int]) -> dict[int, int]: ...
 
 
-def runs_of_key(key: str, *, may_be_run: bool = False) -> list[str]:
-    """The run_ids a call key may belong to: each part before a `:` (a run_id may hold `:`),
-    and with `may_be_run` the whole string too (a history read takes a key or a run_id)."""
-    found = [key[:at] for at, char in enumerate(key) if char == ":" and at > 0]
-    if may_be_run or not found:
-        found.append(key)
-    return found
-
-
-@dataclass
-class _Look:
-    """One round's answer: each asked partition's end and committed position."""
+@dataclass(frozen=True)
+class Look:
+    """What a reader learned: each partition's end and committed position, and the deadline
+    (monotonic seconds) of its wait."""
 
     ends: dict[int, int]
     committed: dict[int, int]
+    deadline: float
+
+    def behind(self) -> dict[int, int]:
+        """The ends of the partitions whose projection has not committed that far."""
+        return {p: e for p, e in self.ends.items() if e > self.committed.get(p, UNBOUND)}
+
+
+_Ends = tuple[dict[int, int], dict[int, int]]
 
 
 @dataclass
@@ -106,7 +106,7 @@ class ReadBarrier:
         self.poll = poll
         self._count: int | None = None
         self._busy = False
-        self._asked: list[tuple[frozenset[int], asyncio.Future[_Look]]] = []
+        self._asked: list[tuple[frozenset[int], asyncio.Future[_Ends]]] = []
         self._round: asyncio.Task[None] | None = None
         self._waiting: list[_Wait] = []
         self._hinted = asyncio.Event()
@@ -131,30 +131,36 @@ class ReadBarrier:
     async def wait(self, run_ids: Collection[str] | None = None) -> None:
         """Return once the projection committed every write acknowledged before this call in
         the partitions of `run_ids` (None: all); `StaleRead` past the bound."""
+        await self.reach(await self.look(run_ids))
+
+    async def look(self, run_ids: Collection[str] | None = None) -> Look:
+        """Where the partitions of `run_ids` (None: all) end, and where the projection has
+        committed them, as learned after this call; `StaleRead` if the log cannot say."""
         deadline = time.monotonic() + self.timeout
         try:
             partitions = await self.partitions_of(run_ids)
-            look = await self._look(partitions)
+            ends, committed = await self._look(partitions)
         except LogError as exc:
             raise StaleRead(
                 f"cannot learn where the log ends ({exc}); nothing was read, since a read that "
                 "cannot be shown fresh is not shown. Try again once Kafka answers."
             ) from exc
-        targets = {
-            p: end
-            for p in partitions
-            if (end := look.ends.get(p, UNBOUND)) > look.committed.get(p, UNBOUND)
-        }
-        if targets:
+        return Look({p: ends.get(p, UNBOUND) for p in partitions}, committed, deadline)
+
+    async def reach(self, look: Look) -> None:
+        """Return once the projection committed the partitions of `look` to their ends, within
+        the bound counted from the look; `StaleRead` past it."""
+        behind = look.behind()
+        if behind:
             self.waited += 1
             reached = asyncio.get_running_loop().create_future()
-            await self._reach(_Wait(targets, reached, look.committed), deadline)
+            await self._reach(_Wait(behind, reached, look.committed), look.deadline)
 
     # -- one look per round --------------------------------------------------------------------
 
-    async def _look(self, partitions: frozenset[int]) -> _Look:
+    async def _look(self, partitions: frozenset[int]) -> _Ends:
         if self._busy:
-            fut: asyncio.Future[_Look] = asyncio.get_running_loop().create_future()
+            fut: asyncio.Future[_Ends] = asyncio.get_running_loop().create_future()
             self._asked.append((partitions, fut))
             return await fut
         self._busy = True
@@ -168,15 +174,15 @@ class ReadBarrier:
                     self._rounds(), name="toolledger-barrier-look"
                 )
 
-    async def _read(self, partitions: frozenset[int]) -> _Look:
+    async def _read(self, partitions: frozenset[int]) -> _Ends:
         self.looks += 1
         ends, committed = await asyncio.gather(
             self.ends.end_offsets(partitions), self.committed.committed(partitions)
         )
-        return _Look(ends, committed)
+        return ends, committed
 
     async def _rounds(self) -> None:
-        asked: list[tuple[frozenset[int], asyncio.Future[_Look]]] = []
+        asked: list[tuple[frozenset[int], asyncio.Future[_Ends]]] = []
         try:
             while self._asked:
                 asked, self._asked = self._asked, []

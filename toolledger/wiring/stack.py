@@ -20,6 +20,7 @@ import functools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from toolledger.events.codec import default_codec
 from toolledger.events.log import DEFAULT_MAX_RECORD_BYTES, EventLog
@@ -40,6 +41,9 @@ from toolledger.projections.store import LedgerStore
 from toolledger.projections.verdicts import PostgresNotifications, VerdictWaiter
 from toolledger.settings import ProjectorSettings, Settings, load_settings
 from toolledger.wiring.commands import LedgerCommands
+
+if TYPE_CHECKING:
+    from toolledger.leader.runtime_side.connection import LeaderDirectory
 
 log = logging.getLogger("toolledger.wiring.stack")
 
@@ -66,6 +70,9 @@ class LedgerStack:
     #: operator service, the processors and a runtime's runs and lists read.
     reads: FreshReads
     projector: Projector | None = None
+    #: Where the partitions' leaders are (`TOOLLEDGER_LEADER=auto`): the read barrier asks
+    #: them for read indexes and keys' records (`toolledger.wiring.leader_index`).
+    leaders: LeaderDirectory | None = None
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _listeners: list[PostgresListener] = field(default_factory=list)
     _reads: list[PointReads] = field(default_factory=list)
@@ -179,7 +186,8 @@ class LedgerStack:
         reads = PostgresReads(database_url, settings.schema_name)
         call_reads = CallReads(reads)
         waiter = VerdictWaiter(reads)
-        barrier = ReadBarrier(events, reads, timeout=settings.read_barrier_timeout_s)
+        fresh, leaders = _fresh_reads(settings, events, store, reads)
+        barrier = fresh.barrier
         listener = None
         if listen:
             # Every verdict notification is a commit: a reader waiting at the barrier looks.
@@ -213,8 +221,9 @@ class LedgerStack:
                 linger_ms=0 if leader is None else settings.leader_commit_linger_ms,
             )
         commands = LedgerCommands(events, waiter, store, settings.payload_limits())
-        fresh = FreshReads(store, barrier)
-        stack = cls(events, facts, dlq, store, waiter, commands, call_reads, fresh, projector)
+        stack = cls(
+            events, facts, dlq, store, waiter, commands, call_reads, fresh, projector, leaders
+        )
         if listener is not None:
             stack._listeners.append(listener)
         hints = hint_channel_for(settings.schema_name)
@@ -229,6 +238,8 @@ class LedgerStack:
         stack._reads.append(reads)
         if leader is not None:
             stack.on_close.append(leader.close)
+        if leaders is not None:
+            stack.on_close.append(leaders.close)
         if projector is not None:
             stack._tasks.append(asyncio.create_task(projector.run(), name="toolledger-projector"))
         return stack
@@ -265,6 +276,24 @@ class LedgerStack:
         await self.store.close()
         for topic in (self.events, self.facts, self.dlq):
             await topic.close()
+
+
+def _fresh_reads(
+    settings: Settings, events: EventLog, store: LedgerStore, positions: PointReads
+) -> tuple[FreshReads, LeaderDirectory | None]:
+    """The stack's reads behind its read barrier: ends from the broker, raised by the leaders'
+    read index and a key read from a leader's memory where `TOOLLEDGER_LEADER=auto`."""
+    from toolledger.wiring.leader_index import leader_directory, leader_index
+
+    timeout = settings.read_barrier_timeout_s
+    directory = leader_directory(settings)
+    if directory is None:
+        return FreshReads(store, ReadBarrier(events, positions, timeout=timeout)), None
+    from toolledger.leader.runtime_side.index import LeaderEnds
+
+    index = leader_index(directory, settings)
+    barrier = ReadBarrier(LeaderEnds(events, index), positions, timeout=timeout)
+    return FreshReads(store, barrier, vouchers=index), directory
 
 
 def _deliver_to(waiter: VerdictWaiter, barrier: ReadBarrier) -> VerdictSink:
