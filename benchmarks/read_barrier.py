@@ -5,11 +5,14 @@ the partitions it covers end and waits until the projection committed that far. 
 against the same key read without the barrier (`LedgerStore.get_call`, a pooled primary-key
 read), measured alternately in the same run:
 
-- **caught up**: the barrier's look alone (the broker's high watermark and the committed
-  positions, read at once) on a ledger with nothing in flight; the usual read of a console.
+- **caught up**: a key's read on a ledger with nothing in flight, the usual read of a console:
+  the barrier's look (the broker's high watermark, the leader's read index and the committed
+  positions, read at once) beside the leader's record of the key from memory.
 - **right after a leader's answer**: a call made on the fast path, then at once the read of
-  its key, which waits for the projection to commit what the leader answered (its commit
-  linger included); the time is the read's, from the call's return.
+  its key, answered from the leader's memory once its end reaches the partition's (else it
+  would wait for the projection's commit, which lingers behind a leader's answers).
+- **a run's calls**: a list bounded to one run (no memory answers a list), caught up: the
+  look, then the query; against the same query alone.
 
 It also reports how many looks 64 concurrent reads cost (one serves every reader asked while
 the previous one was in flight). Every read is checked: a caught-up read finds its completed
@@ -25,6 +28,7 @@ from collections.abc import Awaitable
 from benchmarks._runtime import RunningLedger, noop, running_ledger
 from benchmarks._support import Row, Scratch, median, percentile, say
 from toolledger.events.records import CallRecord
+from toolledger.port import CallQuery
 
 KEYS = 100
 WARMUP = 30
@@ -66,6 +70,19 @@ async def _after_answer(running: RunningLedger, n: int) -> tuple[float, float]:
     return fenced, bare
 
 
+async def _run_calls(running: RunningLedger, n: int) -> tuple[float, float]:
+    """(the calls of one run through the barrier, the same query alone)."""
+    query = CallQuery(tenant_id=None, run_id=f"rb{n % KEYS}")
+    started = time.perf_counter()
+    fenced = await running.stack.reads.list_calls(query)
+    middle = time.perf_counter()
+    bare = await running.stack.reads.store.list_calls(query)
+    ended = time.perf_counter()
+    if len(fenced) != 1 or len(bare) != 1:
+        raise RuntimeError(f"rb{n % KEYS} lists {len(fenced)} and {len(bare)} calls, not 1")
+    return middle - started, ended - middle
+
+
 async def _looks_per_read(running: RunningLedger) -> float:
     barrier = running.stack.reads.barrier
     before = barrier.looks
@@ -87,19 +104,24 @@ async def measure(scratch: Scratch, *, samples: int, repeat: int) -> list[Row]:
             await _caught_up(running, n)
         caught: list[tuple[list[float], list[float]]] = []
         after: list[tuple[list[float], list[float]]] = []
+        lists: list[tuple[list[float], list[float]]] = []
         looks: list[float] = []
         for rep in range(repeat):
             pairs = [await _caught_up(running, n) for n in range(samples)]
             caught.append(([p[0] for p in pairs], [p[1] for p in pairs]))
             pairs = [await _after_answer(running, rep * samples + n) for n in range(samples)]
             after.append(([p[0] for p in pairs], [p[1] for p in pairs]))
+            pairs = [await _run_calls(running, n) for n in range(samples)]
+            lists.append(([p[0] for p in pairs], [p[1] for p in pairs]))
             looks.append(await _looks_per_read(running))
             say(
                 f"  read barrier {rep + 1}/{repeat}: caught up p50 "
                 f"{percentile(caught[-1][0], 50) * 1000:.3f} ms vs "
                 f"{percentile(caught[-1][1], 50) * 1000:.3f} ms bare; after an answer "
-                f"{percentile(after[-1][0], 50) * 1000:.3f} ms; {looks[-1]:.2f} looks per read "
-                f"of {CONCURRENT} at once"
+                f"{percentile(after[-1][0], 50) * 1000:.3f} ms; a run's calls "
+                f"{percentile(lists[-1][0], 50) * 1000:.3f} ms vs "
+                f"{percentile(lists[-1][1], 50) * 1000:.3f} ms bare; {looks[-1]:.2f} looks per "
+                f"read of {CONCURRENT} at once"
             )
 
     def p50(runs: list[tuple[list[float], list[float]]], side: int) -> float:
@@ -116,4 +138,6 @@ async def measure(scratch: Scratch, *, samples: int, repeat: int) -> list[Row]:
         Row(name, "caught up, p50", p50(caught, 0), "ms", p50(caught, 1), "bare read", "", note),
         Row(name, "right after a leader's answer, p50", p50(after, 0), "ms", p50(after, 1),
             "bare read"),
+        Row("read barrier (a run's calls)", "caught up, p50", p50(lists, 0), "ms", p50(lists, 1),
+            "bare query"),
     ]  # fmt: skip

@@ -52,6 +52,7 @@ async def test_every_benchmark_completes_a_tiny_run_with_its_self_checks(
         ("call overhead (external, no-op)", "p50"),
         ("read barrier (key read)", "caught up, p50"),
         ("read barrier (key read)", "right after a leader's answer, p50"),
+        ("read barrier (a run's calls)", "caught up, p50"),
         ("throughput (4 runs)", "calls/s"),
         ("throughput (4 runs)", "no facts (diag.)"),
         ("memory ledger call (external, no-op)", "CPU per call"),
