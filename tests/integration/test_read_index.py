@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests import builders as b
-from tests.integration.leader_support import all_led, leader_settings, runtime_port
+from tests.integration.leader_support import all_led, leader_of, leader_settings, runtime_port
 from tests.isolated import Isolated, running_stack
 from toolledger.events.codec import encode
 from toolledger.port import CallQuery
@@ -69,15 +69,21 @@ async def test_a_key_read_after_a_leaders_answer_comes_from_its_memory_before_an
 async def test_a_leader_behind_another_writers_record_is_not_taken_at_its_word(
     isolated: Isolated,
 ) -> None:
-    """An outcome appended straight to Kafka, with no hint, is acknowledged before the leader
-    has folded it: the leader's memory still says `started`. A key read must see the
-    completion (waiting for the projection), never the leader's older record."""
+    """An outcome appended straight to Kafka is acknowledged before the leader has folded it
+    (here it never does: the leader skips the projector's batches), so the leader's memory
+    still says `started`. A key read must see the completion (waiting for the projection),
+    never the leader's older record."""
     settings = leader_settings(isolated)
     run = f"ri-{uuid.uuid4().hex[:8]}"
     reserved = b.reserved(run, "c1")
     async with running_stack(settings) as stack, runtime_port(stack, settings) as port:
         await all_led(port, settings.partitions)
         assert (await port.append_and_await(reserved, 10)).accepted
+
+        async def folds_nothing(*_: Any) -> None:
+            """The projector's batches no longer reach the leader's memory."""
+
+        leader_of(stack).folding = folds_nothing  # type: ignore[method-assign,assignment]
         completed = b.completed(reserved)
         await stack.events.append(run, encode(completed), hint=False)
         async with running_stack(settings, run_projector=False) as reader:
