@@ -138,18 +138,14 @@ class KafkaLog(EventLog):
         self._identity_wait = identity_wait
         self._connection = dict(connection or {})
         self._metadata: AIOKafkaClient | None = None
-        self._offsets: AIOKafkaConsumer | None = None  # end offsets, for lag; made on first use
         #: Reads offset 0 for `identity`: made on first use, kept paused between checks.
         self._identity_reader: AIOKafkaConsumer | None = None
         self._identity_lock = asyncio.Lock()
-        self._offsets_lock = asyncio.Lock()
         self._producer: AIOKafkaProducer | None = None
         self._topic_seen = False
         self._topic_check = asyncio.Lock()
         self._leaders: dict[int, int] = {}
-        self._ends = HighWatermarks(
-            topic, lambda: self._started()[0], self.leaders, self._listed_ends
-        )
+        self._ends = HighWatermarks(topic, lambda: self._started()[0], self.leaders)
         #: Records the identity checks received, for diagnostics: a check needs one per
         #: partition, and fetches are capped so it never reads much more, however long the log.
         self.identity_records_fetched = 0
@@ -184,9 +180,6 @@ class KafkaLog(EventLog):
         self._metadata, self._producer = metadata, producer
 
     async def close(self) -> None:
-        offsets, self._offsets = self._offsets, None
-        if offsets is not None:
-            await offsets.stop()
         await self._drop_identity_reader()
         producer, metadata = self._producer, self._metadata
         self._producer = self._metadata = None
@@ -270,19 +263,6 @@ class KafkaLog(EventLog):
         if partitions is None:
             partitions = range(await self.partition_count())
         return await self._ends.read(partitions)
-
-    async def _listed_ends(self, partitions: Collection[int]) -> dict[int, int]:
-        """ListOffsets "latest": a starting point for `HighWatermarks`, never an answer (on
-        tansu it is the base offset of the last batch, plus one)."""
-        async with self._offsets_lock:  # two callers at once must not start two consumers
-            if self._offsets is None:
-                self._offsets = await self._started_consumer("read the end offsets of")
-        wanted = [TopicPartition(self.topic, p) for p in partitions]
-        try:
-            ends = await self._offsets.end_offsets(wanted)
-        except KafkaError as exc:
-            raise LogError(f"cannot read the end offsets of {self.topic}: {exc!r}") from exc
-        return {tp.partition: int(offset) for tp, offset in ends.items()}
 
     async def leaders(self, refresh: bool = False) -> dict[int, int]:
         """The broker node leading each partition, from metadata (read again with `refresh`)."""

@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Collection
+from typing import Any
 
 from aiokafka.client import AIOKafkaClient
 from aiokafka.errors import KafkaError, for_code
 from aiokafka.protocol.fetch import FetchRequest
+from aiokafka.protocol.offset import OffsetRequest
 
 from toolledger.events.log import LogError
 
@@ -35,23 +37,20 @@ _NO_ERROR = 0
 _OFFSET_OUT_OF_RANGE = 1
 #: The fetch's `max_wait_time` (see the module docstring).
 _WAIT_MS = 1
+#: ListOffsets' timestamp for "the end".
+_LATEST = -1
 
 #: Reads the leaders of the topic's partitions from metadata (`True`: read them again).
 Leaders = Callable[[bool], Awaitable[dict[int, int]]]
-#: ListOffsets "latest" for some partitions: a lower bound of their ends.
-Listed = Callable[[Collection[int]], Awaitable[dict[int, int]]]
 
 
 class HighWatermarks:
     """The ends of one topic's partitions, read as high watermarks (see the module)."""
 
-    def __init__(
-        self, topic: str, client: Callable[[], AIOKafkaClient], leaders: Leaders, listed: Listed
-    ) -> None:
+    def __init__(self, topic: str, client: Callable[[], AIOKafkaClient], leaders: Leaders) -> None:
         self.topic = topic
         self._client = client
         self._leaders = leaders
-        self._listed = listed
         #: The last end learned per partition: where its next fetch starts.
         self.known: dict[int, int] = {}
 
@@ -73,6 +72,33 @@ class HighWatermarks:
         self.known.update(ends)
         return ends
 
+    async def _listed(self, partitions: Collection[int]) -> dict[int, int]:
+        """ListOffsets "latest", sent on the log's own client (a consumer takes a bootstrap
+        to start, which a reader's first look would wait for)."""
+        leaders = await self._leaders(False)
+        by_node: dict[int, list[tuple[int, int]]] = {}
+        for p in partitions:
+            by_node.setdefault(leaders.get(p, -1), []).append((p, _LATEST))
+        listed: dict[int, int] = {p: 0 for p, _ in by_node.pop(-1, [])}  # a fetch from 0 is safe
+        answers = await self._send(
+            {node: OffsetRequest(-1, 0, [(self.topic, asked)]) for node, asked in by_node.items()}
+        )
+        for answer in answers:
+            for _topic, found in answer.topics:
+                for data in found:
+                    # v1 and later: partition, error_code, timestamp, offset[, leader_epoch]
+                    listed[int(data[0])] = int(data[3]) if int(data[1]) == _NO_ERROR else 0
+        return listed
+
+    async def _send(self, requests: dict[int, Any]) -> list[Any]:
+        client = self._client()
+        try:
+            return list(
+                await asyncio.gather(*(client.send(node, r) for node, r in requests.items()))
+            )
+        except KafkaError as exc:
+            raise LogError(f"cannot read the end of {self.topic}: {exc!r}") from exc
+
     async def _fetch(
         self, partitions: Collection[int], ends: dict[int, int], *, refresh: bool
     ) -> dict[int, str]:
@@ -84,16 +110,12 @@ class HighWatermarks:
                 (p, max(self.known.get(p, 0) - 1, 0), 1)
             )
         problems = {p: "no leader" for p, _, _ in by_node.pop(-1, [])}
-        client = self._client()
-        try:
-            answers = await asyncio.gather(
-                *(
-                    client.send(node, FetchRequest(_WAIT_MS, 0, 1, 0, [(self.topic, asked)]))
-                    for node, asked in by_node.items()
-                )
-            )
-        except KafkaError as exc:
-            raise LogError(f"cannot read the end of {self.topic}: {exc!r}") from exc
+        answers = await self._send(
+            {
+                node: FetchRequest(_WAIT_MS, 0, 1, 0, [(self.topic, asked)])
+                for node, asked in by_node.items()
+            }
+        )
         for answer in answers:
             for _topic, found in answer.topics:
                 for data in found:
