@@ -13,12 +13,17 @@ from __future__ import annotations
 import asyncio
 import uuid
 
+import pytest
+
 from tests import builders as b
 from tests.integration.leader_support import all_led, leader_of, leader_settings, runtime_port
 from tests.isolated import Isolated, running_stack
 from toolledger.events.kafka import KafkaLog
 from toolledger.events.log import partition_for
 from toolledger.port import CallQuery
+
+#: tansu's ListOffsets is wrong where Apache Kafka's is right: both lanes run these.
+pytestmark = pytest.mark.both_brokers
 
 
 async def test_the_end_after_a_multi_record_batch_is_past_its_last_record(
