@@ -7,7 +7,9 @@ after 5 single-record produces and one batch of 7 it answers 6 where the log end
 leader appends its requests as one batch. A fetch response carries the partition's high
 watermark (the offset after the last record every in-sync replica holds, which is what acks=all
 acknowledges), and both brokers report that right: tansu answered 12 there, and 62, 112, 162
-after three more batches of 50 (tests/integration/test_end_offsets.py keeps checking it).
+after three more batches of 50; Apache Kafka 3.9.1 answered 12, as its ListOffsets did
+(tests/integration/test_end_offsets.py checks it on both). One way serves both brokers, so no
+code asks which broker it talks to.
 
 So an end is read with a fetch that transfers next to nothing. It starts at the last record
 this process saw in the partition (one before the last end it learned: a watermark only grows,
