@@ -20,7 +20,6 @@ And with the projection held back, a read waits up to the bound and then says it
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -34,14 +33,13 @@ from tests import api_support as s
 from tests.barrier_tools import TOOLS, credit, lost_credit
 from tests.integration.procs import Procs, run_toolledger_async, toolledger_env, until
 from tests.isolated import Isolated
+from tests.verdict_hold import VerdictHold
 from toolledger import Ledger, ToolCallIndeterminate, ToolContext, Toolset, external
 from toolledger.api import create_app
 from toolledger.api.tokens import MemoryTokens, PostgresTokens
 from toolledger.leader.runtime_side.port import LeaderPort
-from toolledger.projections.store import AppliedBatch
 from toolledger.settings import OperatorSettings, ProjectorSettings
 from toolledger.testing import Operator
-from toolledger.wiring.stack import LedgerStack
 
 #: The read barrier's bound (seconds): the longest a read waits for the projection.
 BOUND = 2.0
@@ -78,7 +76,7 @@ class ReadBarrierScenarios:
     ledger: Ledger
     desk: Desk
     signing: Any
-    hold: Hold
+    hold: VerdictHold
 
     async def call(self, tool: Any, run_id: str, call_id: str) -> Any:
         return await self.ledger.call(
@@ -134,7 +132,7 @@ class ReadBarrierScenarios:
             """Holds the projection once the request left: the outcome is appended (and
             answered) but never committed until the hold ends."""
             async with context.sending():
-                hold.engage()
+                hold.hold()
                 return amount_cents
 
         try:
@@ -153,28 +151,6 @@ class ReadBarrierScenarios:
         assert shown.json()["record"]["status"] == "completed"
 
 
-class Hold:
-    """Holds a stack's projector before it commits while engaged (`engage`, `release`)."""
-
-    def __init__(self, stack: LedgerStack) -> None:
-        self.open = asyncio.Event()
-        self.open.set()
-        store, gate = stack.store, self.open
-        original = store.apply_written
-
-        async def apply_written(*args: Any, **kwargs: Any) -> AppliedBatch:
-            await gate.wait()
-            return await original(*args, **kwargs)
-
-        store.apply_written = apply_written  # type: ignore[method-assign]
-
-    def engage(self) -> None:
-        self.open.clear()
-
-    def release(self) -> None:
-        self.open.set()
-
-
 class TestMemoryLedger(ReadBarrierScenarios):
     """The embedded ledger reads its own writes: no yield needed between `call` and a read."""
 
@@ -183,7 +159,7 @@ class TestMemoryLedger(ReadBarrierScenarios):
         async with await Ledger.memory(s.SIGNING_KEY) as ledger:
             self.ledger, self.signing = ledger, s.SIGNING_KEY
             ledger.stack.reads.barrier.timeout = BOUND
-            self.hold = Hold(ledger.stack)
+            self.hold = VerdictHold(ledger.stack.store)
             tokens = MemoryTokens()
             app = create_app(
                 ledger.stack, OperatorSettings(signing_keys=(s.SIGNING_KEY,)), tokens=tokens,
@@ -232,7 +208,7 @@ class OnKafkaPostgres(ReadBarrierScenarios):
         try:
             async with await Ledger.connect(settings, run_projector=True) as ledger:
                 self.ledger, self.signing = ledger, s.SIGNING_KEY
-                self.hold = Hold(ledger.stack)
+                self.hold = VerdictHold(ledger.stack.store)
                 env = {
                     **toolledger_env(settings),
                     "TOOLLEDGER_SIGNING_KEYS": s.SIGNING_KEY.setting(),

@@ -10,7 +10,6 @@ another writer appended past what the leader has folded.
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from typing import Any
 
@@ -19,27 +18,13 @@ import pytest
 from tests import builders as b
 from tests.integration.leader_support import all_led, leader_of, leader_settings, runtime_port
 from tests.isolated import Isolated, running_stack
+from tests.verdict_hold import VerdictHold
 from toolledger.events.codec import encode
 from toolledger.port import CallQuery
 from toolledger.projections.barrier import StaleRead
-from toolledger.projections.store import AppliedBatch
-from toolledger.wiring.stack import LedgerStack
 
 #: Broker-sensitive (tansu's ListOffsets is wrong where Apache Kafka's is right): both lanes.
 pytestmark = pytest.mark.both_brokers
-
-
-def hold_commits(stack: LedgerStack) -> asyncio.Event:
-    """Hold `stack`'s projector before every commit until the returned event is set."""
-    gate = asyncio.Event()
-    original = stack.store.apply_written
-
-    async def held(*args: Any, **kwargs: Any) -> AppliedBatch:
-        await gate.wait()
-        return await original(*args, **kwargs)
-
-    stack.store.apply_written = held  # type: ignore[method-assign]
-    return gate
 
 
 async def test_a_key_read_after_a_leaders_answer_comes_from_its_memory_before_any_commit(
@@ -53,7 +38,8 @@ async def test_a_key_read_after_a_leaders_answer_comes_from_its_memory_before_an
     reserved = b.reserved(run, "c1")
     async with running_stack(settings) as stack, runtime_port(stack, settings) as port:
         await all_led(port, settings.partitions)
-        release = hold_commits(stack)
+        hold = VerdictHold(stack.store)
+        hold.hold()
         try:
             answered = await port.append_and_await(reserved, 10)
             assert answered.accepted and port.stats["leader"] == 1
@@ -66,7 +52,7 @@ async def test_a_key_read_after_a_leaders_answer_comes_from_its_memory_before_an
                 with pytest.raises(StaleRead, match="behind"):
                     await reader.reads.list_calls(CallQuery(tenant_id=None, run_id=run))
         finally:
-            release.set()
+            hold.release()
 
 
 async def test_a_leader_behind_another_writers_record_is_not_taken_at_its_word(

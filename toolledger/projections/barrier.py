@@ -16,9 +16,10 @@ store, Raft's ReadIndex). Where it covers:
 
 End offsets come from `Ends` (the log's `EventLog.end_offsets`, which a leader's read index may
 raise: `toolledger.leader`), committed positions from `Committed` (the `projection_offsets` rows,
-or the memory store's). One look serves concurrent readers: a look asked while one is in flight
-waits for the next round, which asks for every partition its readers cover, and never for a look
-that started before it was asked (whose end could predate a write acknowledged to the reader).
+or the memory store's). One look serves concurrent readers (`toolledger.projections.rounds`): a
+look asked while one is in flight waits for the next round, which asks for every partition its
+readers cover, and never takes a look that started before it was asked (whose end could
+predate a write acknowledged to the reader).
 The look reads ends and positions at once; a read whose partitions are committed to their ends
 (the usual case) goes on after that one round trip. Otherwise it waits in one watch shared by
 every waiting reader: the positions are read again on a hint (`hint`: a verdict notification, an
@@ -40,6 +41,7 @@ from typing import Protocol
 
 from toolledger.errors import LedgerUnavailable, seconds
 from toolledger.events.log import LogError, partition_for
+from toolledger.projections.rounds import Rounds
 
 log = logging.getLogger("toolledger.barrier")
 
@@ -105,9 +107,7 @@ class ReadBarrier:
         self.timeout = timeout
         self.poll = poll
         self._count: int | None = None
-        self._busy = False
-        self._asked: list[tuple[frozenset[int], asyncio.Future[_Ends]]] = []
-        self._round: asyncio.Task[None] | None = None
+        self._looks: Rounds[int, _Ends] = Rounds(self._read, "toolledger-barrier-look")
         self._waiting: list[_Wait] = []
         self._hinted = asyncio.Event()
         self._watch: asyncio.Task[None] | None = None
@@ -139,7 +139,7 @@ class ReadBarrier:
         deadline = time.monotonic() + self.timeout
         try:
             partitions = await self.partitions_of(run_ids)
-            ends, committed = await self._look(partitions)
+            ends, committed = await self._looks.ask(partitions)
         except LogError as exc:
             raise StaleRead(
                 f"cannot learn where the log ends ({exc}); nothing was read, since a read that "
@@ -158,52 +158,12 @@ class ReadBarrier:
 
     # -- one look per round --------------------------------------------------------------------
 
-    async def _look(self, partitions: frozenset[int]) -> _Ends:
-        if self._busy:
-            fut: asyncio.Future[_Ends] = asyncio.get_running_loop().create_future()
-            self._asked.append((partitions, fut))
-            return await fut
-        self._busy = True
-        try:
-            return await self._read(partitions)
-        finally:
-            self._busy = False
-            if self._asked:
-                self._busy = True
-                self._round = asyncio.get_running_loop().create_task(
-                    self._rounds(), name="toolledger-barrier-look"
-                )
-
     async def _read(self, partitions: frozenset[int]) -> _Ends:
         self.looks += 1
         ends, committed = await asyncio.gather(
             self.ends.end_offsets(partitions), self.committed.committed(partitions)
         )
         return ends, committed
-
-    async def _rounds(self) -> None:
-        asked: list[tuple[frozenset[int], asyncio.Future[_Ends]]] = []
-        try:
-            while self._asked:
-                asked, self._asked = self._asked, []
-                try:
-                    look = await self._read(frozenset().union(*(p for p, _ in asked)))
-                except Exception as exc:  # each reader gets the error its own look would have
-                    for _, fut in asked:
-                        if not fut.done():
-                            fut.set_exception(exc)
-                    continue
-                for _, fut in asked:
-                    if not fut.done():
-                        fut.set_result(look)
-        except asyncio.CancelledError:
-            for _, fut in (*asked, *self._asked):
-                fut.cancel()
-            self._asked.clear()
-            raise
-        finally:
-            self._busy = False
-            self._round = None
 
     # -- waiting for the projection -------------------------------------------------------------
 
@@ -265,9 +225,9 @@ class ReadBarrier:
 
     async def close(self) -> None:
         """Stop the background look and watch; readers still waiting fail `StaleRead`."""
-        for task in (self._round, self._watch):
-            if task is not None and not task.done():
-                task.cancel()
+        self._looks.cancel()
+        if self._watch is not None and not self._watch.done():
+            self._watch.cancel()
         for w in self._waiting:
             if not w.reached.done():
                 w.reached.set_exception(StaleRead("the ledger client was closed; nothing read"))
