@@ -23,6 +23,7 @@ from benchmarks import (
     integrations,
     leader_verdict,
     memory_call,
+    read_barrier,
     replay_rate,
     runtime_overhead,
     throughput,
@@ -38,6 +39,7 @@ BENCHMARKS = (
     "replay",
     "overhead",
     "fast-path",
+    "barrier",
     "throughput",
     "integrations",
     "memory-call",
@@ -145,6 +147,9 @@ async def _run(found: Services, args: argparse.Namespace) -> list[Row]:
         if "fast-path" in chosen:
             say("fast-path replay")
             rows += await fast_path.measure(scratch, samples=args.samples, repeat=args.repeat)
+        if "barrier" in chosen:
+            say("the read barrier's cost to a key read")
+            rows += await read_barrier.measure(scratch, samples=args.samples, repeat=args.repeat)
         if "throughput" in chosen:
             say(f"throughput: {args.runs} runs x {args.calls} calls")
             rows += await throughput.measure(

@@ -75,6 +75,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "RunStillPaused": ("toolledger.integrations._runs", "run_still_paused"),
     "RunSuperseded": ("toolledger.runtime.errors", "run_superseded"),
     "SchemaMissing": ("toolledger.projections.migrations", "schema_missing"),
+    "StaleRead": ("toolledger.projections.barrier", "stale_read"),
     "StoreError": ("toolledger.projections.store", "store_error"),
     "TenantMismatchError": ("toolledger.runtime.errors", "tenant_mismatch"),
     "TokenRejected": ("toolledger.api.tokens", "token_rejected"),

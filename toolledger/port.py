@@ -16,6 +16,12 @@ one place instead of at every call site:
   restored (`toolledger.events.payloads`), except the records of `list_calls`, which only
   `restored_call` pays for (a listing is read for keys and digests, rarely for results).
 - **An append is retried with the same event_id**, so resending never applies a request twice.
+- **Reads on the road of a call are hints; `fresh` makes a read fresh.** A read of a key before
+  its reservation, of a run's tenant or of a run's calls for the twin guard may be a batch
+  behind another process's writes: the decider's verdict corrects it. A read that must see
+  every write acknowledged before it, by any process (`Ledger.read_call` and the other reads a
+  user makes), first awaits `fresh`, the read barrier (docs/architecture.md, "Reads see every
+  acknowledged write").
 
 Waiting is not decided here: every method is bounded by the `timeout` it is given, and the
 policies (how long, whether to try again) are the call protocol's `CallWaits`.
@@ -40,7 +46,17 @@ from toolledger.events.models import CallReserved, Event
 from toolledger.events.payloads import PayloadLimits
 from toolledger.events.records import CallRecord, CallStatus, RunRecord, Verdict
 
-__all__ = ["CallQuery", "Envelope", "NothingReserved", "RuntimePort"]
+__all__ = ["CallQuery", "Envelope", "NothingReserved", "RuntimePort", "runs_of_key"]
+
+
+def runs_of_key(key: str, *, may_be_run: bool = False) -> list[str]:
+    """The run_ids a call key may belong to: each part before a `:` (a run_id written by another
+    process may hold `:`), and with `may_be_run` the whole string too (a history read takes a
+    key or a run_id). What a read of a key covers (`RuntimePort.fresh`)."""
+    found = [key[:at] for at, char in enumerate(key) if char == ":" and at > 0]
+    if may_be_run or not found:
+        found.append(key)
+    return found
 
 
 class NothingReserved(LedgerUnavailable):
@@ -108,6 +124,12 @@ class RuntimePort(ABC):
     @abstractmethod
     def limits(self) -> PayloadLimits:
         """The payload limits appends are held to (arguments over `max_bytes` are refused)."""
+
+    @abstractmethod
+    async def fresh(self, run_ids: Collection[str] | None = None) -> None:
+        """Return once the reads that follow see every write acknowledged before this call, by
+        any process, in the partitions of `run_ids` (None: all); `LedgerUnavailable` (a stale
+        read) if that cannot be shown within the ledger's bound."""
 
     @abstractmethod
     async def read_call(self, key: str) -> CallRecord | None:

@@ -127,6 +127,13 @@ class Settings(BaseSettings):
     verdict_timeout_s: float = Field(
         default=10.0, gt=0, description="How long a runtime waits for a reservation verdict."
     )
+    read_barrier_timeout_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="How long a read of the ledger (the API, the console, the CLI, processors, "
+        "a runtime's lists) waits for the projection to hold every write acknowledged before "
+        "it; past it the read fails as stale (503 in the API) rather than show old data.",
+    )
     max_record_bytes: int = Field(
         default=1_048_576,
         ge=16_384,

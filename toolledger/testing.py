@@ -173,7 +173,7 @@ class Operator:
             else None
         )
         self.service = OperatorService(
-            stack.store,
+            stack.reads,
             stack.commands,
             signing_keys=(signing_key,),
             verdict_timeout=verdict_timeout,

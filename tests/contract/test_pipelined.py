@@ -48,6 +48,7 @@ from tests.pipelined_tools import (
     stall,
 )
 from tests.tracing_support import Spans
+from tests.verdict_hold import VerdictHold
 from toolledger import (
     KeyConflictError,
     Ledger,
@@ -67,7 +68,6 @@ from toolledger.events.models import (
     RunCheckpointed,
     RunStarted,
 )
-from toolledger.projections.store import LedgerStore
 from toolledger.wiring.commands import LedgerCommands
 from toolledger.wiring.stack import LedgerStack
 from toolledger.wiring.stack_port import StackPort
@@ -92,27 +92,6 @@ class _AcknowledgedOutcomes(LedgerCommands):
         if event.type in ("call_completed", "call_failed", "call_indeterminate"):
             self.acknowledged.set()
         return position
-
-
-class VerdictHold:
-    """Holds the projector's commits: while held nothing is decided and no verdict comes."""
-
-    def __init__(self, store: LedgerStore) -> None:
-        self._open = asyncio.Event()
-        self._open.set()
-        apply_written = store.apply_written
-
-        async def held(*args: Any, **kwargs: Any) -> Any:
-            await self._open.wait()
-            return await apply_written(*args, **kwargs)
-
-        store.apply_written = held  # type: ignore[method-assign]
-
-    def hold(self) -> None:
-        self._open.clear()
-
-    def release(self) -> None:
-        self._open.set()
 
 
 @dataclasses.dataclass

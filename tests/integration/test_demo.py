@@ -9,10 +9,12 @@ import sys
 from pathlib import Path
 
 import asyncpg
+import pytest
 
 from toolledger.cli.dev import dev_signing_key
 from toolledger.devstack import STATE_DIR, Services, remove_namespace
 from toolledger.events.signing import SigningKey, parse_signing_keys
+from toolledger.examples.billing_reconciliation.demo import EXPECTED, LIVE_CREDITS, problems
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -22,6 +24,7 @@ def _demo(
     columns: str | None = "160",
     cwd: Path = ROOT,
     services: Services | None = None,
+    leader: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLLEDGER_")}
     env.pop("COLUMNS", None)
@@ -30,6 +33,8 @@ def _demo(
             "TOOLLEDGER_DATABASE_URL": services.database_url,
             "TOOLLEDGER_KAFKA_BOOTSTRAP": services.kafka_bootstrap,
         }
+    if leader is not None:
+        env["TOOLLEDGER_LEADER"] = leader
     return subprocess.run(
         [sys.executable, "-m", "toolledger", "demo", *args],
         cwd=cwd,
@@ -41,10 +46,9 @@ def _demo(
     )
 
 
-def test_the_billing_demo_settles_each_scenario_as_documented() -> None:
+def _ends_as_documented(shown: subprocess.CompletedProcess[str]) -> None:
     """1: found by the reconcile hook; 2: failed by an operator over HTTP; 3: compensated on an
     operator's request; 4: refused before sending, failed and not attempted."""
-    shown = _demo()
     assert shown.returncode == 0, shown.stdout + shown.stderr
     lines = shown.stdout.splitlines()
     assert "scenario 1: completed/reconcile" in lines
@@ -54,6 +58,31 @@ def test_the_billing_demo_settles_each_scenario_as_documented() -> None:
     assert "POST .../demo-run:credit-2/resolve -> 200" in shown.stdout
     assert "POST .../demo-run:credit-3/compensate -> 200" in shown.stdout
     assert "live credits in billing: 1" in lines
+    assert "not as documented" not in shown.stdout
+
+
+def test_the_billing_demo_settles_each_scenario_as_documented() -> None:
+    _ends_as_documented(_demo())
+
+
+@pytest.mark.parametrize("leader", ["auto", "off"])
+def test_the_stack_demo_settles_each_scenario_as_documented_on_both_paths(
+    tmp_path: Path, dev_services: Services, leader: str
+) -> None:
+    """On the leader path the operator API, reading PostgreSQL a batch behind the leader's
+    answers, got a 404 for the credit it was asked to undo: the demo printed `compensate ->
+    404` and "scenario 3: completed/runtime", and exited 0 (5 runs of 5)."""
+    _ends_as_documented(_demo("--stack", cwd=tmp_path, services=dev_services, leader=leader))
+
+
+def test_a_scenario_that_ends_otherwise_fails_the_demo_saying_which() -> None:
+    """The demo exited 0 whatever its scenarios came to; now a wrong ending is its failure."""
+    wrong = problems({**EXPECTED, "3": "completed/runtime"}, live_credits=2)
+    assert wrong == [
+        "scenario 3 ended completed/runtime, not compensated/asked for by operator alice",
+        "billing holds 2 live credits, not 1",
+    ]
+    assert problems(dict(EXPECTED), LIVE_CREDITS) == []
 
 
 def test_the_demo_names_keys_one_way_shows_reasons_and_prints_each_outcome_once() -> None:

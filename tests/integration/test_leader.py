@@ -114,7 +114,8 @@ async def test_an_unresponsive_leader_sends_calls_direct_within_the_bound_none_l
 
 async def test_bad_frames_close_their_connection_and_append_nothing(isolated: Isolated) -> None:
     """Garbage, an oversized length, an unknown kind, an answer sent as a request, bytes that
-    are not an event or a `RESERVE` of anything but a reservation must close that connection
+    are not an event, a `READ_INDEX` naming no partitions or a `RESERVE` of anything but a
+    reservation must close that connection
     and never reach the log or stop the projector; an operator decision is refused; a good
     request on a new connection is still answered."""
     settings = _settings(isolated)
@@ -128,6 +129,7 @@ async def test_bad_frames_close_their_connection_and_append_nothing(isolated: Is
             struct.pack(">I", 5) + bytes([99]) + struct.pack(">I", 7),
             encode_frame(Kind.VERDICT, 3, b"{}"),
             encode_frame(Kind.READ, 4, b"not json"),
+            encode_frame(Kind.READ_INDEX, 6, b'{"partitions": "all"}'),
             encode_frame(Kind.RESERVE, 5, encode(b.completed(b.reserved("r-bad", "c1")))),
         ]
         for data in bad:

@@ -34,6 +34,7 @@ from toolledger.events.log import Position
 from toolledger.events.models import CallApproved, CallResolved, Event, utcnow
 from toolledger.events.records import CallRecord
 from toolledger.events.signing import sign
+from toolledger.projections.barrier import StaleRead
 from toolledger.projections.ownership import MemoryPartitionLocks
 from toolledger.projections.projector import Projector
 from toolledger.wiring.stack import LedgerStack
@@ -205,15 +206,17 @@ async def test_a_read_right_after_a_call_returned_sees_how_it_ended(ledger: Ledg
     assert record is not None and record.status == "completed", record
 
 
-async def test_a_read_of_an_unfolded_own_outcome_gives_up_after_the_verdict_timeout(
+async def test_a_read_of_an_unfolded_own_outcome_is_stale_after_the_barriers_bound(
     ledger: Ledger,
 ) -> None:
-    """With the projector stopped the verdict never comes: the read answers the stored
-    `started` after the verdict timeout (0.5 s here) instead of hanging."""
+    """With the projector stopped the outcome is never folded: the read waits out the read
+    barrier's bound (0.5 s here) and says it is stale, instead of hanging or answering the
+    stored `started` of a call this process knows completed."""
+    ledger.stack.reads.barrier.timeout = 0.5
     await call(ledger, stops_the_projector)
     started = time.monotonic()
-    record = await ledger.read_call("r1:c1")
-    assert record is not None and record.status == "started"
+    with pytest.raises(StaleRead, match="1 record behind"):
+        await ledger.read_call("r1:c1")
     assert 0.4 < time.monotonic() - started < 5
 
 

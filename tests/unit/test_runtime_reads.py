@@ -68,6 +68,9 @@ class GatedReads(PointReads):
     async def verdicts(self, event_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, Verdict]:
         raise AssertionError("CallReads reads no verdicts")
 
+    async def committed(self, partitions: Collection[int]) -> dict[int, int]:
+        raise AssertionError("CallReads reads no positions")
+
 
 async def until(condition: object, what: str) -> None:
     for _ in range(200):

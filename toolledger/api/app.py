@@ -53,10 +53,10 @@ from toolledger.api.service import OperatorService
 from toolledger.api.tokens import MemoryTokens, PostgresTokens, TokenStore
 from toolledger.errors import ConfigError
 from toolledger.events.models import utcnow
+from toolledger.projections.fresh import FreshReads, LedgerReads
 from toolledger.projections.health import ProjectorHealth, lag_checks
 from toolledger.projections.health import problems as projector_problems
 from toolledger.projections.postgres import PostgresLedger
-from toolledger.projections.store import LedgerStore
 from toolledger.runtime.tools import Tool
 from toolledger.settings import OperatorSettings
 from toolledger.wiring.stack import LedgerStack
@@ -149,7 +149,7 @@ def _context(
                 StackPort(stack), tools, verdict_timeout=settings.verdict_timeout_s
             )
         service = OperatorService(
-            stack.store,
+            stack.reads,
             stack.commands,
             signing_keys=settings.signing_keys,
             verdict_timeout=settings.verdict_timeout_s,
@@ -164,7 +164,8 @@ def _context(
     return context
 
 
-def _default_tokens(store: LedgerStore, settings: OperatorSettings) -> TokenStore:
+def _default_tokens(reads: LedgerReads, settings: OperatorSettings) -> TokenStore:
+    store = reads.store if isinstance(reads, FreshReads) else reads
     if isinstance(store, PostgresLedger):
         if not settings.database_url:
             raise ConfigError("TOOLLEDGER_DATABASE_URL must be set: API tokens live in PostgreSQL")

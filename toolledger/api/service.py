@@ -9,6 +9,11 @@ them), append it and await the durable verdict. The decider's compare-and-set is
 arbiter, so of two operators acting at once exactly one wins and the other is told what the
 record is now. A rejected decision is still in the key's history, as evidence of who tried.
 
+Every read waits at the read barrier first (`store` is the stack's `FreshReads`,
+`toolledger.projections.fresh`), so a call a runtime was told about a moment ago is found, at
+the version it was told; a read that cannot be shown fresh in time is `Unavailable`
+(`stale_read`), never old data.
+
 Visibility is by tenant: an `Operator` with a tenant sees only that tenant's calls, and another
 tenant's key is "not found", never "forbidden" (which would confirm it exists). The API always
 takes the tenant from the token; only admin tools with database access act across tenants.
@@ -24,9 +29,10 @@ asking again for a `compensating` call finishes whatever an interrupted request 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, Protocol, TypeVar
@@ -58,7 +64,9 @@ from toolledger.events.payloads import PayloadError
 from toolledger.events.records import CallRecord, CallStatus, RunRecord, Verdict
 from toolledger.events.signing import SigningKey, sign
 from toolledger.port import CallQuery
-from toolledger.projections.store import LedgerStore, StatusCounts
+from toolledger.projections.barrier import StaleRead
+from toolledger.projections.fresh import LedgerReads
+from toolledger.projections.store import StatusCounts
 from toolledger.runtime.pauses import PAUSED
 
 COMPENSATE_SUFFIX = ":compensate"
@@ -139,6 +147,15 @@ class Compensator(Protocol):
         `known`: that key's record as the caller just read it (None: it has none)."""
 
 
+@contextlib.contextmanager
+def _fresh() -> Iterator[None]:
+    """A read the barrier could not show fresh fails as `Unavailable` (503), never old data."""
+    try:
+        yield
+    except StaleRead as exc:
+        raise Unavailable("stale_read", str(exc)) from exc
+
+
 _REFUSED_AS_NOT_FOUND = frozenset({"unknown_call", "tenant_mismatch"})
 _REFUSED_AS_MISCONFIGURED = frozenset({"unsigned", "bad_signature"})
 
@@ -148,7 +165,7 @@ class OperatorService:
 
     def __init__(
         self,
-        store: LedgerStore,
+        store: LedgerReads,
         commands: OperatorPort,
         *,
         signing_keys: Sequence[SigningKey],
@@ -208,7 +225,8 @@ class OperatorService:
             limit=limit + 1,
             started_deadline_before=lapsed_before(self.clock()) if overdue_only else None,
         )
-        found = await self.store.list_calls(query)
+        with _fresh():
+            found = await self.store.list_calls(query)
         items = [await self.commands.restored_call(c) for c in found[:limit]]
         more = len(found) > limit
         return Page(items=items, next_cursor=encode_cursor(items[-1]) if more else None)
@@ -216,7 +234,8 @@ class OperatorService:
     async def get(self, who: Operator, key: str) -> CallRecord:
         """The call `key` if this operator may see it; `NotFound` otherwise."""
         # A NUL cannot be in a stored key (PostgreSQL text refuses it), so do not ask.
-        record = await self.store.get_call(key) if storable(key) else None
+        with _fresh():
+            record = await self.store.get_call(key) if storable(key) else None
         if record is None or who.tenant_id not in (None, record.tenant_id):
             # Where to list them is each surface's to say (HTTP: GET, the CLI: its command).
             where = "any tenant" if who.tenant_id is None else f"tenant {who.tenant_id}"
@@ -225,27 +244,35 @@ class OperatorService:
 
     async def counts(self, who: Operator) -> StatusCounts:
         """The tenant's calls per status, and how many `started` ones an operator may resolve."""
-        return await self.store.status_counts(who.tenant_id, lapsed_before(self.clock()))
+        with _fresh():
+            return await self.store.status_counts(who.tenant_id, lapsed_before(self.clock()))
 
     async def run(self, who: Operator, run_id: str) -> RunRecord | None:
         """The run `run_id` if this operator's tenant owns it (None otherwise, or if unknown)."""
-        run = await self.store.get_run(run_id) if storable(run_id) else None
+        with _fresh():
+            run = await self.store.get_run(run_id) if storable(run_id) else None
         return run if run is not None and who.tenant_id in (None, run.tenant_id) else None
 
     async def paused_runs(self, who: Operator, *, resume_failed: bool = False) -> list[RunRecord]:
         """This operator's tenant's paused runs, oldest change first (with `resume_failed`:
         only those whose resume hook failed every try)."""
-        return await self.store.list_runs(
-            PAUSED, tenant_id=who.tenant_id, resume_failed=resume_failed
-        )
+        with _fresh():
+            return await self.store.list_runs(
+                PAUSED, tenant_id=who.tenant_id, resume_failed=resume_failed
+            )
 
     async def show(self, who: Operator, key: str) -> tuple[CallRecord, list[HistoryEntry]]:
         """The call and every event of its key, accepted or rejected, in log order. Payloads
         stored by reference are restored in both (each entry's chain hash is the stored one,
         over the event as logged, digests and all)."""
         record = await self.get(who, key)
-        history = await self.store.history(key)
+        (history,) = await self.histories((key,))
         return record, [await self.commands.restored_entry(entry) for entry in history]
+
+    async def histories(self, keys: Sequence[str]) -> list[list[HistoryEntry]]:
+        """Each key's history as stored, payloads by reference (of keys the caller listed)."""
+        with _fresh():
+            return list(await asyncio.gather(*(self.store.history(key) for key in keys)))
 
     # -- deciding ----------------------------------------------------------------------------
 
@@ -294,7 +321,8 @@ class OperatorService:
         event = self._signed(decision)
         settled = await self._decide(event)
         if key.endswith(COMPENSATE_SUFFIX):
-            original = await self.store.get_call(key.removesuffix(COMPENSATE_SUFFIX))
+            with _fresh():
+                original = await self.store.get_call(key.removesuffix(COMPENSATE_SUFFIX))
             if original is not None and original.status == "compensating":
                 await self._settle_compensated(original, settled)
         return settled
@@ -385,7 +413,8 @@ class OperatorService:
 
     async def _compensation(self, original: CallRecord, *, fresh: bool) -> Compensation:
         compensator = self._require_compensator(original)
-        done = await self.store.get_call(compensation_key(original.key))
+        with _fresh():
+            done = await self.store.get_call(compensation_key(original.key))
         if done is None or (fresh and done.status == "failed"):
             done = await compensator.run(original, done)
         return await self._settle_compensated(original, done)

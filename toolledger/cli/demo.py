@@ -5,6 +5,7 @@ memory ledger, in-process projector) in a few seconds; `--stack` runs it against
 PostgreSQL (`TOOLLEDGER_*`, else the dev stack, which it starts if needed), in a schema and
 topics of its own that it prints the exports of and removes at the end (`--keep` keeps them).
 `toolledger demo penny` shows Penny the refund bot paying twice without the ledger, once with.
+Each exits 1 when a scenario does not end as the demo says it does.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import click
 from rich.console import Console
 
 from toolledger.cli import entry
-from toolledger.cli.entry import ExitStatus
+from toolledger.cli.entry import CommandFailed, ExitStatus
 
 
 @click.command()
@@ -42,19 +43,22 @@ def demo(which: str, stack: bool, keep: bool) -> None:
     if which == "penny":
         unguarded, guarded = asyncio.run(bot.main(console))
         sys.exit(ExitStatus.OK if (unguarded, guarded) == (2, 1) else ExitStatus.NO)
-    if not stack:
-        asyncio.run(billing_demo.main(console))
-        return
-    asyncio.run(_on_stack(console, keep))
+    wrong = asyncio.run(billing_demo.main(console) if not stack else _on_stack(console, keep))
+    if wrong:
+        raise CommandFailed(
+            f"the demo did not end as documented ({'; '.join(wrong)}): a bug, please report "
+            "it with the output above",
+            ExitStatus.NO,
+        )
 
 
-async def _on_stack(console: Console, keep: bool) -> None:
+async def _on_stack(console: Console, keep: bool) -> list[str]:
     """The billing demo on Kafka + PostgreSQL, in a schema and topics of its own.
 
     It signs with the checkout's dev key when `dev up` made one (so the exports `dev up`
     printed verify its log), else with a key of its own, which it prints. It prints the exports
     that point other commands at its ledger, and removes the schema and topics at the end
-    unless `keep`.
+    unless `keep`. Returns how the scenarios did not end as documented (`run_scenarios`).
     """
     from toolledger import Ledger
     from toolledger.cli.dev import DEV_KEY_FILE, dev_signing_key
@@ -98,7 +102,7 @@ async def _on_stack(console: Console, keep: bool) -> None:
     out(f"export TOOLLEDGER_SIGNING_KEYS={signing}")
     try:
         async with await Ledger.connect(projecting, run_projector=True) as ledger:
-            await billing_demo.run_scenarios(ledger, settings, console)
+            wrong = await billing_demo.run_scenarios(ledger, settings, console)
     finally:
         if not keep:
             await remove_namespace(services, (settings.schema_name,), settings.topic_prefix)
@@ -109,3 +113,4 @@ async def _on_stack(console: Console, keep: bool) -> None:
             f"removed schema {settings.schema_name} and topics {settings.topic_prefix}* "
             "(--keep leaves them, to look at with the exports above)"
         )
+    return wrong

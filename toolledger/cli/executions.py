@@ -95,7 +95,7 @@ def _run(
                     StackPort(stack), registry, verdict_timeout=settings.verdict_timeout_s
                 )
             service = OperatorService(
-                stack.store,
+                stack.reads,
                 stack.commands,
                 signing_keys=settings.signing_keys,
                 verdict_timeout=settings.verdict_timeout_s,

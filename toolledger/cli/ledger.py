@@ -1,6 +1,7 @@
 """`toolledger history | dead-letters | replay | audit`: read the ledger, prove it equals the log.
 
-They read PostgreSQL (and, for replay and audit, Kafka) as configured by `TOOLLEDGER_*`. Output
+They read PostgreSQL and Kafka as configured by `TOOLLEDGER_*`: `history` and `audit` wait
+at the read barrier first, so they show every event acknowledged before they were asked. Output
 is rich tables for people; `replay --verify` exits 0 only when the re-fold is identical. A
 replay or an `audit --as-of` folds in memory unless `--into` names a new schema.
 """
@@ -24,6 +25,7 @@ from toolledger.events.fold import HistoryEntry, broken_chains
 from toolledger.events.records import UNSETTLED
 from toolledger.events.signing import VerifyKeys
 from toolledger.port import CallQuery
+from toolledger.projections.fresh import LedgerReads
 from toolledger.projections.memory import MemoryLedger
 from toolledger.projections.replay import (
     ReplayReport,
@@ -34,6 +36,7 @@ from toolledger.projections.replay import (
 )
 from toolledger.projections.store import LedgerStore
 from toolledger.settings import ProjectorSettings, Settings, load_settings
+from toolledger.wiring.reading import reading
 
 if TYPE_CHECKING:
     from toolledger.events.kafka import KafkaLog
@@ -100,7 +103,7 @@ async def _store(settings: Settings, schema: str | None = None) -> PostgresLedge
     return store
 
 
-async def _run_history(store: PostgresLedger, run_id: str) -> list[HistoryEntry]:
+async def _run_history(store: LedgerReads, run_id: str) -> list[HistoryEntry]:
     """A run's own events and those of every call it made, in log order.
 
     A run driven by `AgentRun` has events of its own (started, checkpointed, ...); one that used
@@ -110,8 +113,8 @@ async def _run_history(store: PostgresLedger, run_id: str) -> list[HistoryEntry]
     after: tuple[datetime, str] | None = None
     while True:
         page = await store.list_calls(CallQuery(tenant_id=None, run_id=run_id, after=after))
-        for call in page:
-            entries.extend(await store.history(call.key))
+        for found in await asyncio.gather(*(store.history(call.key) for call in page)):
+            entries.extend(found)
         if len(page) < CallQuery.limit:
             break
         after = (page[-1].updated_at, page[-1].key)
@@ -127,13 +130,11 @@ def history(key: str) -> None:
     The chain column starts each entry's hash chain link; a broken link is reported below."""
 
     async def body(settings: Settings) -> int:
-        store = await _store(settings)
-        try:
+        async with reading(settings) as opened:
+            reads = opened.reads
             is_call = ":" in key
-            entries = await store.history(key) if is_call else await _run_history(store, key)
-            record = await store.get_call(key) if is_call else None
-        finally:
-            await store.close()
+            entries = await reads.history(key) if is_call else await _run_history(reads, key)
+            record = await reads.get_call(key) if is_call else None
         if not entries:
             _console.print(f"[yellow]no history for {key}[/yellow]")
             return ExitStatus.NO
@@ -350,23 +351,12 @@ def audit_command(
     run = run_id or str(key).split(":", 1)[0]
 
     async def body(settings: ProjectorSettings) -> int:
-        from toolledger.events.kafka import KafkaLog
-
-        _, bootstrap = settings.require_services()
-        log = KafkaLog(bootstrap, settings.events_topic)
-        await log.start()
-        try:
-            store = await _store(settings)
-        except BaseException:
-            await log.close()
-            raise
-        try:
+        async with reading(settings) as opened:
             if as_of is not None:
-                return await _as_of(log, settings, as_of, into, key)
-            entries = await story(log, store, run_id=run, key=key)
-        finally:
-            await store.close()
-            await log.close()
+                return await _as_of(opened.log, settings, as_of, into, key)
+            # The log is read to its end; the verdicts of what it holds, once committed.
+            await opened.reads.barrier.wait((run,))
+            entries = await story(opened.log, opened.reads.store, run_id=run, key=key)
         table = Table(title=f"story of {key or run} (from {settings.events_topic})")
         for col in ("offset", "appended", "event", "key", "actor", "verdict", "detail"):
             table.add_column(col, no_wrap=col != "detail")

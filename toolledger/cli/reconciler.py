@@ -94,8 +94,8 @@ async def _run(
         reconciler = Reconciler(
             tools,
             StackPort(stack),
-            read_call=stack.store.get_call,
-            read_history=stack.store.history if telemetry.tracing_enabled() else None,
+            read_call=stack.reads.get_call,
+            read_history=stack.reads.history if telemetry.tracing_enabled() else None,
             policy=policy,
             policies=policies,
             verdict_timeout=settings.verdict_timeout_s,

@@ -47,7 +47,7 @@ async def _run(spec: str, group: str | None, session_timeout: float) -> None:
         async def mark_failed(event: RunResumeFailed) -> Verdict:
             return await stack.commands.append_and_await(event, settings.verdict_timeout_s)
 
-        resumer = Resumer(hook, stack.store, mark_failed=mark_failed, policy=policy)
+        resumer = Resumer(hook, stack.reads, mark_failed=mark_failed, policy=policy)
         app = resumer_app(
             settings, resumer, partitions=partitions, group=group, session_timeout=session_timeout
         )

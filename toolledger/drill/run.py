@@ -243,7 +243,7 @@ class _Drill:
                 ],
                 postgres=self.services.postgres,
             )
-            service = OperatorService(stack.store, stack.commands, signing_keys=(self.signer,))
+            service = OperatorService(stack.reads, stack.commands, signing_keys=(self.signer,))
             operator = DrillOperator(service, db, billing)
             dispatcher = Dispatcher(
                 DispatchConfig(

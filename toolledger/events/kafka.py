@@ -20,9 +20,11 @@ Choices that follow from the design (docs/architecture.md, "The projector" and "
   tansu makes a record readable a few milliseconds after records appended after it by other
   producers (seen about once in 5,000 concurrent appends). A reader that went on past it would
   never see the record; the projector once folded a whole drill without one.
-- End offsets are never asked for (tansu's ListOffsets "latest" can be wrong), and a fetch past
-  the end of a partition may return nothing instead of an error, which is why log identity rests
-  on the epoch marker at offset 0 alone.
+- End offsets (the read barrier's, and health's lag) are high watermarks read from a fetch
+  (`toolledger.events.kafka_ends`: tansu's ListOffsets "latest" is wrong after a multi-record
+  batch). Nothing's correctness rests on them, and a fetch past the end of a partition may
+  return nothing instead of an error, which is why log identity rests on the epoch marker at
+  offset 0 alone.
 - Metadata is asked for with automatic topic creation off, and appends and readers check the
   topic exists first: brokers create a missing topic on the first request that names it (tansu
   does, and so does Kafka by default), and such a topic would have no epoch markers.
@@ -49,6 +51,7 @@ from aiokafka.errors import (
 from aiokafka.errors import RecordTooLargeError as BrokerRecordTooLarge
 from aiokafka.protocol.metadata import MetadataRequest
 
+from toolledger.events.kafka_ends import HighWatermarks
 from toolledger.events.kafka_idle import IdleConsumer
 from toolledger.events.log import (
     DEFAULT_MAX_RECORD_BYTES,
@@ -136,14 +139,14 @@ class KafkaLog(EventLog):
         self._identity_wait = identity_wait
         self._connection = dict(connection or {})
         self._metadata: AIOKafkaClient | None = None
-        self._offsets: AIOKafkaConsumer | None = None  # end offsets, for lag; made on first use
         #: Reads offset 0 for `identity`: made on first use, kept paused between checks.
         self._identity_reader: AIOKafkaConsumer | None = None
         self._identity_lock = asyncio.Lock()
-        self._offsets_lock = asyncio.Lock()
         self._producer: AIOKafkaProducer | None = None
         self._topic_seen = False
         self._topic_check = asyncio.Lock()
+        self._leaders: dict[int, int] = {}
+        self._ends = HighWatermarks(topic, lambda: self._started()[0], self.leaders)
         #: Records the identity checks received, for diagnostics: a check needs one per
         #: partition, and fetches are capped so it never reads much more, however long the log.
         self.identity_records_fetched = 0
@@ -178,9 +181,6 @@ class KafkaLog(EventLog):
         self._metadata, self._producer = metadata, producer
 
     async def close(self) -> None:
-        offsets, self._offsets = self._offsets, None
-        if offsets is not None:
-            await offsets.stop()
         await self._drop_identity_reader()
         producer, metadata = self._producer, self._metadata
         self._producer = self._metadata = None
@@ -258,17 +258,21 @@ class KafkaLog(EventLog):
     def reader(self) -> LogReader:
         return KafkaReader(self)
 
-    async def end_offsets(self) -> dict[int, int]:
-        partitions = await self.partition_count()
-        async with self._offsets_lock:  # two callers at once must not start two consumers
-            if self._offsets is None:
-                self._offsets = await self._started_consumer("read the end offsets of")
-        wanted = [TopicPartition(self.topic, p) for p in range(partitions)]
-        try:
-            ends = await self._offsets.end_offsets(wanted)
-        except KafkaError as exc:
-            raise LogError(f"cannot read the end offsets of {self.topic}: {exc!r}") from exc
-        return {tp.partition: int(offset) for tp, offset in ends.items()}
+    async def end_offsets(self, partitions: Collection[int] | None = None) -> dict[int, int]:
+        """Each partition's high watermark, as a fetch response carries it (`HighWatermarks`):
+        right on Apache Kafka and on tansu, whose ListOffsets is not."""
+        if partitions is None:
+            partitions = range(await self.partition_count())
+        return await self._ends.read(partitions)
+
+    async def leaders(self, refresh: bool = False) -> dict[int, int]:
+        """The broker node leading each partition, from metadata (read again with `refresh`)."""
+        if refresh or not self._leaders:
+            described = await self._described()
+            if described is None:
+                raise TopicMissing(topic_missing(self.topic))
+            self._leaders = {int(d["partition"]): int(d["leader"]) for d in described}
+        return self._leaders
 
     async def _send(
         self, key: bytes, value: bytes, headers: Sequence[tuple[str, bytes]], partition: int | None
@@ -319,7 +323,13 @@ class KafkaLog(EventLog):
         return True
 
     async def _partitions(self) -> int | None:
-        """The topic's partition count from metadata, or None if it does not exist.
+        """The topic's partition count from metadata, or None if it does not exist."""
+        described = await self._described()
+        return None if described is None else len(described)
+
+    async def _described(self) -> list[dict[str, Any]] | None:
+        """The topic's partitions as metadata describes them (each with its `leader`), or None
+        if it does not exist.
 
         Asks without automatic creation; retries while the broker reports the topic as still
         being set up (a retriable error), up to the request timeout.
@@ -339,7 +349,7 @@ class KafkaLog(EventLog):
             if code == _UNKNOWN_TOPIC:
                 return None
             if code == _NO_ERROR and described["partitions"]:
-                return len(described["partitions"])
+                return list(described["partitions"])
             error = for_code(code)
             if (code != _NO_ERROR and not error.retriable) or time.monotonic() > deadline:
                 raise LogError(f"cannot read the metadata of {self.topic}: {error.__name__}")

@@ -375,10 +375,12 @@ class EventLog(ABC):
     def reader(self) -> LogReader:
         """A new reader with no partitions assigned."""
 
-    async def end_offsets(self) -> dict[int, int]:
-        """Each partition's end offset (the next offset to be written), for showing lag only.
+    async def end_offsets(self, partitions: Collection[int] | None = None) -> dict[int, int]:
+        """The end offset of each of `partitions` (None: all): the offset after the last record
+        acknowledged to any writer, so every acknowledged record lies below it.
 
-        Never used for correctness (docs/architecture.md, "The projector"): some brokers report
-        it inexactly (tansu: the base offset of the last batch, plus one).
+        The read barrier waits for the projection to reach it (`toolledger.projections.barrier`),
+        and health reports lag with it. The projection's correctness never depends on it
+        (docs/architecture.md, "The projector").
         """
         raise NotImplementedError(f"{type(self).__name__} does not report end offsets")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from toolledger.events.log import (
     DEFAULT_MAX_RECORD_BYTES,
@@ -191,8 +191,10 @@ class MemoryLog(EventLog):
     def reader(self) -> LogReader:
         return MemoryReader(self.broker, self.topic)
 
-    async def end_offsets(self) -> dict[int, int]:
-        return {p: len(records) for p, records in enumerate(self._existing().partitions)}
+    async def end_offsets(self, partitions: Collection[int] | None = None) -> dict[int, int]:
+        logs = self._existing().partitions
+        wanted = range(len(logs)) if partitions is None else partitions
+        return {p: len(logs[p]) for p in wanted}
 
     def _existing(self) -> _Topic:
         topic = self.broker._get(self.topic)

@@ -305,10 +305,16 @@ class Reconciler:
         rebalance it can be a few facts behind. One point read keeps the questions to calls
         that are really unknown now, so a call settled meanwhile does not collect a rejected
         finding in its history (which would be harmless, but noise for the people reading it).
+        A read that cannot be shown fresh (the projection is behind the log past the read
+        barrier's bound) is not a reason to stop asking: the finding's verdict is the arbiter.
         """
         if self.read_call is None:
             return True
-        current = await self.read_call(record.key)
+        try:
+            current = await self.read_call(record.key)
+        except LedgerUnavailable as exc:  # a stale read (the projection is behind): ask anyway
+            log.info("%s cannot be read fresh (%s); asking its hook anyway", record.key, exc)
+            return True
         if current is not None and current.version == record.version:
             return True
         log.debug("%s moved on to version %s; not asked", record.key, current and current.version)

@@ -1,4 +1,5 @@
-"""`PostgresReads`: the runtime's point reads on a PostgreSQL connection of their own.
+"""`PostgresReads`: the runtime's point reads (and the read barrier's look at the committed
+positions) on a PostgreSQL connection of their own.
 
 A pooled read pays asyncpg's checkout and release (a task, a timer, a reset hook) on top of the
 query; on a small machine that is about as much again as a primary-key SELECT, and these reads
@@ -44,6 +45,7 @@ _CALLS = (
     f"(SELECT {_COLUMNS} FROM tool_executions AS t WHERE t.key = wanted.key LIMIT 1) AS c"
 )
 _VERDICTS = VERDICTS_BY_ID
+_COMMITTED = "SELECT partition, next_offset FROM projection_offsets WHERE partition = ANY($1)"
 
 
 class PostgresReads(PointReads):
@@ -67,6 +69,10 @@ class PostgresReads(PointReads):
         rows = await self._fetch(_VERDICTS, list(event_ids))
         found = (Verdict.model_validate_json(row["verdict_json"]) for row in rows)
         return {v.event_id: v for v in found}
+
+    async def committed(self, partitions: Collection[int]) -> dict[int, int]:
+        rows = await self._fetch(_COMMITTED, list(partitions))
+        return {int(row["partition"]): int(row["next_offset"]) for row in rows}
 
     async def _fetch(self, sql: str, *args: Any) -> list[asyncpg.Record]:
         async with self._lock:

@@ -1,14 +1,16 @@
-"""Point reads on the runtime's hot path: a call's record by key, verdicts by event_id.
+"""Point reads on the runtime's hot path: a call's record by key, verdicts by event_id, and the
+projection's committed positions (what the read barrier waits on).
 
 Every `Ledger.call` starts by reading its key (the fast path), and every command waits for its
 verdict. With many runs in flight these reads come together, and each one costs a round trip, a
 statement and a pooled connection's checkout on both sides of the socket. Two things make them
 cheap without making them any less fresh:
 
-- `CallReads` coalesces: a read asked while none is under way queries its key at once; reads
-  asked meanwhile wait for the next round, which reads all their keys in one query. A round
-  starts after every read it answers was asked, so a read never returns an older state than a
-  query of its own would have. (The verdict waiter does the same for verdicts.)
+- `CallReads` coalesces (`toolledger.projections.rounds`): a read asked while none is under way
+  queries its key at once; reads asked meanwhile wait for the next round, which reads all their
+  keys in one query. A round starts after every read it answers was asked, so a read never
+  returns an older state than a query of its own would have. (The verdict waiter does the same
+  for verdicts.)
 - `PointReads` is where such readers read: they send one query at a time and need no pool,
   so PostgreSQL serves them on a connection of their own
   (`toolledger.projections.postgres_reads`); `StoreReads` reads through any `LedgerStore`.
@@ -16,12 +18,12 @@ cheap without making them any less fresh:
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from abc import abstractmethod
 from collections.abc import Collection, Sequence
 
 from toolledger.events.records import CallRecord, Verdict
+from toolledger.projections.rounds import Rounds
 from toolledger.projections.store import LedgerStore
 from toolledger.projections.verdicts import VerdictSource
 
@@ -33,6 +35,11 @@ class PointReads(VerdictSource):
     @abstractmethod
     async def calls(self, keys: Collection[str]) -> dict[str, CallRecord]:
         """The records of those `keys` that have one."""
+
+    @abstractmethod
+    async def committed(self, partitions: Collection[int]) -> dict[int, int]:
+        """The next offset the projection committed for each of `partitions` that has a
+        position (the read barrier's, `toolledger.projections.barrier`)."""
 
     async def close(self) -> None:
         """Release what the reader holds (a connection); it may be used again after."""
@@ -51,65 +58,20 @@ class StoreReads(PointReads):
     async def verdicts(self, event_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, Verdict]:
         return await self._store.verdicts(event_ids)
 
+    async def committed(self, partitions: Collection[int]) -> dict[int, int]:
+        states = {p: await self._store.partition_state(p) for p in partitions}
+        return {p: state.next_offset for p, state in states.items() if state is not None}
+
 
 class CallReads:
-    """Concurrent reads of call records, coalesced into one query per round.
-
-    A read asked while none is under way runs at once, in the caller's task. Reads asked
-    meanwhile wait for the next round, which one task runs for all of them. A failed round
-    fails every read it answered (each caller then fails closed); a cancelled caller leaves
-    the round to the others.
-    """
+    """Concurrent reads of call records, coalesced into one query per round (`Rounds`)."""
 
     def __init__(self, reads: PointReads) -> None:
         self.reads = reads
-        self._asked: dict[str, list[asyncio.Future[CallRecord | None]]] = {}
-        self._busy = False
-        self._round: asyncio.Task[None] | None = None
+        self._rounds: Rounds[str, dict[str, CallRecord]] = Rounds(
+            reads.calls, "toolledger-call-reads"
+        )
 
     async def get(self, key: str) -> CallRecord | None:
         """The key's record; the reader's error if it cannot be read."""
-        if self._busy:
-            fut: asyncio.Future[CallRecord | None] = asyncio.get_running_loop().create_future()
-            self._asked.setdefault(key, []).append(fut)
-            return await fut
-        self._busy = True
-        try:
-            return (await self.reads.calls((key,))).get(key)
-        finally:
-            self._busy = False
-            self._next_round()
-
-    def _next_round(self) -> None:
-        if self._asked and not self._busy:
-            self._busy = True
-            self._round = asyncio.get_running_loop().create_task(
-                self._rounds(), name="toolledger-call-reads"
-            )
-
-    async def _rounds(self) -> None:
-        asked: dict[str, list[asyncio.Future[CallRecord | None]]] = {}
-        try:
-            while self._asked:
-                asked, self._asked = self._asked, {}
-                try:
-                    found = await self.reads.calls(asked.keys())
-                except Exception as exc:  # every reader gets the error its own read would have
-                    for futures in asked.values():
-                        for fut in futures:
-                            if not fut.done():
-                                fut.set_exception(exc)
-                    continue
-                for key, futures in asked.items():
-                    for fut in futures:
-                        if not fut.done():
-                            fut.set_result(found.get(key))
-        except asyncio.CancelledError:
-            for futures in (*asked.values(), *self._asked.values()):
-                for fut in futures:
-                    fut.cancel()
-            self._asked.clear()
-            raise
-        finally:
-            self._busy = False
-            self._round = None
+        return (await self._rounds.ask((key,))).get(key)

@@ -29,7 +29,7 @@ import contextlib
 import logging
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from pydantic import ValidationError
 
@@ -182,7 +182,8 @@ def carried(event_id: uuid.UUID, body: str) -> Verdict | None:
 
 class PostgresNotifications(PostgresListener):
     """The process's one LISTEN connection for verdicts: delivers the verdicts notifications
-    carry, and turns the others into waiter hints.
+    carry, and turns the others into waiter hints. Each one is also a commit, which `on_heard`
+    hears of (the read barrier's hint, `toolledger.projections.barrier`).
 
     A notification for an event nobody here waits for is dropped before its verdict is
     parsed: every process listening on the ledger hears every verdict. If the connection dies
@@ -190,11 +191,20 @@ class PostgresNotifications(PostgresListener):
     notifications sent while it was down are lost.
     """
 
-    def __init__(self, dsn: str, channel: str, waiter: VerdictWaiter) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        channel: str,
+        waiter: VerdictWaiter,
+        on_heard: Callable[[], None] | None = None,
+    ) -> None:
         super().__init__(dsn, channel, "toolledger-listen")
         self._waiter = waiter
+        self._on_heard = on_heard
 
     def heard(self, payload: str) -> None:
+        if self._on_heard is not None:
+            self._on_heard()
         head, _, body = payload.partition(" ")
         try:
             event_id = uuid.UUID(head)
@@ -211,3 +221,5 @@ class PostgresNotifications(PostgresListener):
 
     def missed(self) -> None:
         self._waiter.hint()
+        if self._on_heard is not None:
+            self._on_heard()

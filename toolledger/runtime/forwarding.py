@@ -27,6 +27,9 @@ class ForwardingPort(RuntimePort):
     def limits(self) -> PayloadLimits:
         return self.inner.limits
 
+    async def fresh(self, run_ids: Collection[str] | None = None) -> None:
+        await self.inner.fresh(run_ids)
+
     async def read_call(self, key: str) -> CallRecord | None:
         return await self.inner.read_call(key)
 

@@ -29,7 +29,7 @@ from toolledger.events.models import utcnow
 from toolledger.events.payloads import PayloadLimits
 from toolledger.events.records import CallRecord, RunRecord
 from toolledger.events.signing import SigningKey
-from toolledger.port import CallQuery, RuntimePort
+from toolledger.port import CallQuery, RuntimePort, runs_of_key
 from toolledger.runtime.outcome import ToolOutcome
 from toolledger.runtime.pauses import resumable_runs
 from toolledger.runtime.pipeline import CallPipeline, identity
@@ -166,25 +166,30 @@ class Ledger:
     async def read_call(self, key: str) -> CallRecord | None:
         """The key's record; `LedgerUnavailable` (nothing ran) if the store cannot be read.
 
-        It reads this process's own writes: a `started` record whose outcome (or abandon) this
-        process appended, returned on Kafka's acknowledgement before the projector folded it,
-        is answered by that event's verdict, waited for up to the verdict timeout (then the
-        record as stored). So a read right after `call` returned sees how the call ended.
+        Like every read of a `Ledger`, it sees every write acknowledged before it, whichever
+        process made it (`RuntimePort.fresh`, the read barrier): past the barrier's bound it
+        raises `LedgerUnavailable` (a stale read) rather than answer what might be old. So a
+        read right after `call` returned, here or anywhere, sees how the call ended.
         """
+        await self.port.fresh(runs_of_key(key))
         return await self.pipeline.read(key, within=self.protocol.policy.verdict_timeout)
 
     async def read_run(self, run_id: str) -> RunRecord | None:
-        """The run's record; `LedgerUnavailable` if the store cannot be read."""
+        """The run's record; `LedgerUnavailable` if the store cannot be read (or shown fresh)."""
+        await self.port.fresh((run_id,))
         return await self.port.read_run(run_id)
 
     async def list_calls(self, query: CallQuery) -> list[CallRecord]:
-        """Calls matching `query`; `LedgerUnavailable` if the store cannot be read."""
+        """Calls matching `query`; `LedgerUnavailable` if the store cannot be read (or shown
+        fresh)."""
+        await self.port.fresh(None if query.run_id is None else (query.run_id,))
         return await self.port.list_calls(query)
 
     async def list_runs(
         self, statuses: Collection[str], *, tenant_id: str | None = None
     ) -> list[RunRecord]:
-        """Runs in `statuses`; `LedgerUnavailable` if the store cannot be read."""
+        """Runs in `statuses`; `LedgerUnavailable` if the store cannot be read (or shown fresh)."""
+        await self.port.fresh()
         return await self.port.list_runs(statuses, tenant_id=tenant_id)
 
     async def call(
@@ -218,9 +223,7 @@ class Ledger:
         self, *, tenant_id: str | None = None, poll_interval: float = 0.2, follow: bool = True
     ) -> AsyncIterator[RunRecord]:
         """Paused runs whose awaited call is settled (see `toolledger.runtime.pauses`)."""
-        return resumable_runs(
-            self.port, tenant_id=tenant_id, poll_interval=poll_interval, follow=follow
-        )
+        return resumable_runs(self, tenant_id=tenant_id, poll_interval=poll_interval, follow=follow)
 
     async def wait_background(self, timeout: float) -> bool:
         """Wait for background appends (abandons, cancelled outcomes) to land; True if all did."""

@@ -12,24 +12,20 @@ direct path, having no network to save.
 The runtime side of the leader knows nothing of stacks: `StackLeaderPort` is the `LeaderPort`
 the wiring builds, which gives it what it needs of the stack under its direct path
 (`DirectServices`, looked up on the stack at every use, as `StackPort` does) and where the
-leaders are (`LeaderAddresses`: the projector side's `LeaderReads`, a database error turned
-into `LedgerUnavailable`), and keeps that stack as `stack` for whoever closes it, as every port
-the wiring builds does.
+leaders are (a `LeaderDirectory`, `toolledger.wiring.leader_index`), and keeps that stack as
+`stack` for whoever closes it, as every port the wiring builds does.
 """
 
 from __future__ import annotations
 
 import uuid
 
-from toolledger.errors import LedgerUnavailable
 from toolledger.events.models import Event
 from toolledger.events.records import Verdict
-from toolledger.leader.projector_side.reads import LeaderReads
 from toolledger.leader.runtime_side.connection import LeaderDirectory
 from toolledger.leader.runtime_side.port import LeaderPort
-from toolledger.leader.runtime_side.tls import ClientTLS
-from toolledger.projections.dberrors import database_errors
 from toolledger.settings import Settings
+from toolledger.wiring.leader_index import leader_directory
 from toolledger.wiring.stack import LedgerStack
 from toolledger.wiring.stack_port import StackPort
 
@@ -54,22 +50,6 @@ class StackServices:
         await self.stack.waiter.wait(event_id, timeout)
 
 
-class RegisteredLeaders:
-    """`LeaderAddresses` over `LeaderReads`: a database error is `LedgerUnavailable`."""
-
-    def __init__(self, reads: LeaderReads) -> None:
-        self.reads = reads
-
-    async def leaders(self) -> dict[int, str | None]:
-        try:
-            return await self.reads.leaders()
-        except database_errors() as exc:
-            raise LedgerUnavailable(str(exc)) from exc
-
-    async def close(self) -> None:
-        await self.reads.close()
-
-
 class StackLeaderPort(LeaderPort):
     """The `LeaderPort` over a `StackPort`, keeping its stack (see the module)."""
 
@@ -81,24 +61,14 @@ class StackLeaderPort(LeaderPort):
 
 
 def leader_port(direct: StackPort, settings: Settings) -> StackPort | StackLeaderPort:
-    """The port a runtime uses over `direct`: the fast path unless it is off or not possible."""
-    stack = direct.stack
-    if settings.leader == "off" or settings.database_url is None:
+    """The port a runtime uses over `direct`: the fast path unless it is off or not possible.
+    Its connections to the leaders are its own, made with `settings`' TLS; the stack's read
+    barrier keeps others (`stack.leaders`), made with the stack's."""
+    directory = leader_directory(settings)
+    if directory is None:
         return direct
-    tls = None
-    if settings.runtime_tls_leader_ca is not None:
-        tls = ClientTLS.load(
-            settings.runtime_tls_leader_ca,
-            settings.runtime_tls_cert,
-            settings.runtime_tls_key,
-            settings.runtime_tls_leader_name,
-        )
-    reads = RegisteredLeaders(LeaderReads(settings.database_url, settings.schema_name))
     port = StackLeaderPort(
-        direct,
-        LeaderDirectory(reads, tls=tls),
-        settings.partitions,
-        settings.leader_timeout_ms / 1000,
+        direct, directory, settings.partitions, settings.leader_timeout_ms / 1000
     )
-    stack.on_close.insert(0, port.close)  # settles (reads its waiter) before the rest closes
+    direct.stack.on_close.insert(0, port.close)  # settles (reads its waiter) before the rest
     return port

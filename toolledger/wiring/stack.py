@@ -21,6 +21,7 @@ import functools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from toolledger.events.codec import default_codec
 from toolledger.events.log import DEFAULT_MAX_RECORD_BYTES, EventLog
@@ -28,7 +29,9 @@ from toolledger.events.memory import MemoryBroker
 from toolledger.events.payloads import PayloadLimits
 from toolledger.events.records import Verdict
 from toolledger.events.signing import SigningKey, VerifyKeys
+from toolledger.projections.barrier import ReadBarrier
 from toolledger.projections.facts import FactsPublisher
+from toolledger.projections.fresh import FreshReads
 from toolledger.projections.hints import AppendHints, HintListener, hint_channel_for
 from toolledger.projections.listening import PostgresListener
 from toolledger.projections.memory import MemoryLedger
@@ -39,6 +42,9 @@ from toolledger.projections.store import LedgerStore
 from toolledger.projections.verdicts import PostgresNotifications, VerdictWaiter
 from toolledger.settings import ProjectorSettings, Settings, load_settings
 from toolledger.wiring.commands import LedgerCommands
+
+if TYPE_CHECKING:
+    from toolledger.leader.runtime_side.connection import LeaderDirectory
 
 log = logging.getLogger("toolledger.wiring.stack")
 
@@ -61,7 +67,13 @@ class LedgerStack:
     waiter: VerdictWaiter
     commands: LedgerCommands
     call_reads: CallReads
+    #: The ledger's reads behind the read barrier (`toolledger.projections.fresh`): what the
+    #: operator service, the processors and a runtime's runs and lists read.
+    reads: FreshReads
     projector: Projector | None = None
+    #: Where the partitions' leaders are (`TOOLLEDGER_LEADER=auto`): the read barrier asks
+    #: them for read indexes and keys' records (`toolledger.wiring.leader_index`).
+    leaders: LeaderDirectory | None = None
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _listeners: list[PostgresListener] = field(default_factory=list)
     _reads: list[PointReads] = field(default_factory=list)
@@ -77,11 +89,15 @@ class LedgerStack:
         broker: MemoryBroker | None = None,
         limits: PayloadLimits | None = None,
         max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+        read_barrier_timeout: float = 5.0,
     ) -> LedgerStack:
         """The embedded stack. Its projector verifies operator signatures with `verify_keys`;
         without them, with the public half of a key nobody holds, so no decision is accepted.
         `limits` and `max_record_bytes` are the same settings, with the same defaults, as
-        against Kafka: the memory log refuses what Kafka would refuse."""
+        against Kafka: the memory log refuses what Kafka would refuse. Its reads wait for the
+        in-process projector to fold every record appended before them (the memory log's end
+        is exact), up to `read_barrier_timeout` seconds, so a read right after `call` returned
+        sees how the call ended."""
         if verify_keys is None:
             verify_keys = SigningKey.generate("nobody").verify_keys()
         # The projector decodes in this process what the commands encode in it.
@@ -96,20 +112,23 @@ class LedgerStack:
         store = MemoryLedger(verify_keys=verify_keys)
         await store.start()
         await store.register_verify_keys()
-        waiter = VerdictWaiter(StoreReads(store))
+        point = StoreReads(store)
+        waiter = VerdictWaiter(point)
+        barrier = ReadBarrier(events, point, timeout=read_barrier_timeout)
         projector = Projector(
             events,
             store,
             MemoryPartitionLocks(),
             dlq=dlq,
             facts=FactsPublisher(facts),
-            on_verdicts=_deliver_to(waiter),
+            on_verdicts=_deliver_to(waiter, barrier),
             fetch_wait_ms=50,
             facts_in_background=False,
         )
         commands = LedgerCommands(events, waiter, store, limits)
-        reads = CallReads(StoreReads(store))
-        stack = cls(events, facts, dlq, store, waiter, commands, reads, projector)
+        reads = CallReads(point)
+        fresh = FreshReads(store, barrier)
+        stack = cls(events, facts, dlq, store, waiter, commands, reads, fresh, projector)
         await waiter.start()
         stack._tasks.append(asyncio.create_task(projector.run(), name="toolledger-projector"))
         return stack
@@ -211,9 +230,17 @@ class LedgerStack:
         call_reads = CallReads(reads)
         waiter = VerdictWaiter(reads)
         opened.append(waiter.close)
+        fresh, leaders = _fresh_reads(settings, events, store, reads)
+        barrier = fresh.barrier
+        opened.append(barrier.close)
+        if leaders is not None:
+            opened.append(leaders.close)
         listener = None
         if listen:
-            listener = PostgresNotifications(database_url, store.notify_channel, waiter)
+            # Every verdict notification is a commit: a reader waiting at the barrier looks.
+            listener = PostgresNotifications(
+                database_url, store.notify_channel, waiter, on_heard=barrier.hint
+            )
             opened.append(listener.close)
             await listener.start()
         await waiter.start()
@@ -244,7 +271,9 @@ class LedgerStack:
                 linger_ms=0 if leader is None else settings.leader_commit_linger_ms,
             )
         commands = LedgerCommands(events, waiter, store, settings.payload_limits())
-        stack = cls(events, facts, dlq, store, waiter, commands, call_reads, projector)
+        stack = cls(
+            events, facts, dlq, store, waiter, commands, call_reads, fresh, projector, leaders
+        )
         if listener is not None:
             stack._listeners.append(listener)
         hints = hint_channel_for(settings.schema_name)
@@ -260,6 +289,8 @@ class LedgerStack:
         stack._reads.append(reads)
         if leader is not None:
             stack.on_close.append(leader.close)
+        if leaders is not None:
+            stack.on_close.append(leaders.close)
         if projector is not None:
             stack._tasks.append(asyncio.create_task(projector.run(), name="toolledger-projector"))
         return stack
@@ -288,6 +319,7 @@ class LedgerStack:
             elif not task.cancelled():
                 task.exception()  # retrieved, as before: whoever cares reads the task itself
         await self.waiter.close()
+        await self.reads.barrier.close()
         for listener in self._listeners:
             await listener.close()
         for reads in self._reads:
@@ -297,12 +329,32 @@ class LedgerStack:
             await topic.close()
 
 
-def _deliver_to(waiter: VerdictWaiter) -> VerdictSink:
+def _fresh_reads(
+    settings: Settings, events: EventLog, store: LedgerStore, positions: PointReads
+) -> tuple[FreshReads, LeaderDirectory | None]:
+    """The stack's reads behind its read barrier: ends from the broker, raised by the leaders'
+    read index and a key read from a leader's memory where `TOOLLEDGER_LEADER=auto`."""
+    from toolledger.wiring.leader_index import leader_directory, leader_index
+
+    timeout = settings.read_barrier_timeout_s
+    directory = leader_directory(settings)
+    if directory is None:
+        return FreshReads(store, ReadBarrier(events, positions, timeout=timeout)), None
+    from toolledger.leader.runtime_side.index import LeaderEnds
+
+    index = leader_index(directory, settings)
+    barrier = ReadBarrier(LeaderEnds(events, index), positions, timeout=timeout)
+    return FreshReads(store, barrier, vouchers=index), directory
+
+
+def _deliver_to(waiter: VerdictWaiter, barrier: ReadBarrier) -> VerdictSink:
     """In-process projector -> waiter: the applied verdicts themselves, no notification and no
-    read (the sink hears of a batch only after the store applied it)."""
+    read (the sink hears of a batch only after the store applied it); and a reader waiting at
+    the barrier looks again."""
 
     async def deliver(_partition: int, verdicts: Sequence[Verdict]) -> None:
         for verdict in verdicts:
             waiter.deliver(verdict)
+        barrier.hint()
 
     return deliver

@@ -6,6 +6,13 @@ verdicts go through the stack's `LedgerCommands`, looked up on every use rather 
 so a harness that wraps the stack's commands (a test's frozen append) wraps every direct path
 of the runtime at once (the leader fast path does not take them: the drill wraps its port).
 
+Reads go to PostgreSQL at once: those on the road of a call are hints the decider's verdict
+corrects (the read of a key before its reservation, the run's tenant, the twin guard), and
+this process reads its own writes without help (its verdicts are committed, and an outcome
+returned on acknowledgement is awaited by `own_write`). `fresh` waits at the stack's read
+barrier (`toolledger.projections.barrier`) for every other process's writes, before a read
+that must see them (`Ledger.read_call` and the other reads a user makes).
+
 A driver error of the store is turned into `LedgerUnavailable` in the runtime's words ("nothing
 was run, try again once PostgreSQL is reachable"): the port's first promise, fail closed.
 """
@@ -51,6 +58,13 @@ class StackPort(RuntimePort):
     @property
     def limits(self) -> PayloadLimits:
         return self.stack.commands.limits
+
+    async def fresh(self, run_ids: Collection[str] | None = None) -> None:
+        """Return once the reads that follow see every write acknowledged before this call in
+        the partitions of `run_ids` (None: all), whichever process made it: the stack's read
+        barrier. `LedgerUnavailable` (`StaleRead`) past its bound."""
+        async with _store_errors("where the projection has committed"):
+            await self.stack.reads.barrier.wait(run_ids)
 
     async def read_call(self, key: str) -> CallRecord | None:
         try:

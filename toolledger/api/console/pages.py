@@ -14,7 +14,6 @@ evidence the ledger kept and ignored), whether the key's hash chain holds, and t
 
 from __future__ import annotations
 
-import asyncio
 import json
 from dataclasses import dataclass
 from typing import Annotated, Any, get_args
@@ -98,7 +97,7 @@ async def queue(
         counts = await service.counts(signed.who)
         not_resumed = await service.paused_runs(signed.who, resume_failed=True)
         page = await _page(request, signed, filters, cursor or None)
-        histories = await asyncio.gather(*(service.store.history(c.key) for c in page.items))
+        histories = await service.histories([c.key for c in page.items])
     except OperatorError as exc:
         return render(
             request,

@@ -4,7 +4,8 @@ It is not a service of its own. The projector that holds a partition's advisory 
 leader (`PartitionFollower`), which then keeps that partition's fold in memory
 (`LeaderPartition`), registers its address on the partition's ownership row, and answers
 `APPEND`, `READ` and `RESERVE` (a read, and an append if the key is new) requests for it over
-length-prefixed frames (`toolledger.leader.runtime_side.frames`).
+length-prefixed frames (`toolledger.leader.runtime_side.frames`), and `READ_INDEX`: where its
+memory ends (the read barrier's read index).
 A request for a partition it does not lead is answered `NOT_LEADER`, with the registered
 leader when it knows one. Ownership stays PostgreSQL's locks, order and durability Kafka's.
 
@@ -24,6 +25,7 @@ import logging
 import ssl
 import uuid
 from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from toolledger.events.codec import DecodeError, decode
@@ -262,9 +264,9 @@ class LeaderServer(PartitionFollower):
             self._writers.discard(writer)
             writer.close()
 
-    def _request(self, frame: Frame) -> Event | tuple[str, str]:
-        """The event of an `APPEND` or a `RESERVE`, or the (key, run_id) of a `READ`;
-        `FrameError` (or `DecodeError`) for anything else."""
+    def _request(self, frame: Frame) -> Event | tuple[str, str] | _IndexAsked:
+        """The event of an `APPEND` or a `RESERVE`, the (key, run_id) of a `READ`, what a
+        `READ_INDEX` asks; `FrameError` (or `DecodeError`) for anything else."""
         if frame.kind is Kind.APPEND:
             return decode(frame.body)
         if frame.kind is Kind.RESERVE:
@@ -282,13 +284,17 @@ class LeaderServer(PartitionFollower):
                 raise FrameError(
                     f"READ request {frame.request} is not {{key, run_id}} JSON"
                 ) from exc
+        if frame.kind is Kind.READ_INDEX:
+            return _IndexAsked.parse(frame)
         raise FrameError(f"frame kind {frame.kind.name} (request {frame.request}) is not a request")
 
     async def _answer(
-        self, frame: Frame, request: Event | tuple[str, str], out: FrameWriter
+        self, frame: Frame, request: Event | tuple[str, str] | _IndexAsked, out: FrameWriter
     ) -> None:
         try:
-            if isinstance(request, tuple):
+            if isinstance(request, _IndexAsked):
+                kind, body = Kind.INDEX, await self._index(request)
+            elif isinstance(request, tuple):
                 kind, body = await self._read(*request)
             elif frame.kind is Kind.RESERVE:
                 kind, body = await self._reserve(request, frame.body)
@@ -321,6 +327,23 @@ class LeaderServer(PartitionFollower):
         if isinstance(found, tuple):
             return found
         return Kind.RECORD, b"" if found is None else found.model_dump_json().encode()
+
+    async def _index(self, asked: _IndexAsked) -> bytes:
+        """`READ_INDEX`: where memory ends in each asked partition this process leads (every
+        record it answered lies below), and the key's record as of that end if memory vouches
+        for it. Nothing is awaited between reading the record and the ends, so the record is
+        the fold of the log up to its partition's end."""
+        found: CallRecord | tuple[Kind, bytes] | None = (Kind.NOT_KNOWN, b"")
+        if asked.key is not None and asked.run_id is not None:
+            found = await self._known(asked.key, asked.run_id)
+        ends = {}
+        for partition in asked.partitions:
+            appender = self._leading(partition)
+            if appender is not None:
+                ends[partition] = appender.state.next
+        known = not isinstance(found, tuple)
+        record = found.model_dump(mode="json") if isinstance(found, CallRecord) else None
+        return json.dumps({"ends": ends, "known": known, "record": record}).encode()
 
     async def _reserve(self, event: Event, data: bytes) -> tuple[Kind, bytes]:
         """`RESERVE`: the key's record if it has one, else `event` appended and proven.
@@ -368,6 +391,30 @@ class LeaderServer(PartitionFollower):
         if appender is None or appender.state.superseded is not None:
             return None
         return appender
+
+
+@dataclass(frozen=True)
+class _IndexAsked:
+    """What a `READ_INDEX` asks: partitions, and optionally a key of a run."""
+
+    partitions: tuple[int, ...]
+    key: str | None
+    run_id: str | None
+
+    @classmethod
+    def parse(cls, frame: Frame) -> _IndexAsked:
+        try:
+            asked = json.loads(frame.body)
+            key, run_id = asked.get("key"), asked.get("run_id")
+            return cls(
+                tuple(int(p) for p in asked["partitions"]),
+                None if key is None else str(key),
+                None if run_id is None else str(run_id),
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise FrameError(
+                f"READ_INDEX request {frame.request} is not {{partitions[, key, run_id]}} JSON"
+            ) from exc
 
 
 def _body(answer: Answer) -> bytes:

@@ -60,6 +60,11 @@ class Kind(enum.IntEnum):
     #: appended and answered as an `APPEND` is: the read and the reservation of a new call in
     #: one round trip.
     RESERVE = 3
+    #: Request: the read index of some partitions (body: JSON `{"partitions": [...]}`, and
+    #: optionally `"key"` and `"run_id"`): answered `INDEX` with where this leader's memory
+    #: ends in each it leads, and the key's record from memory as of that end, if it has one
+    #: (the read barrier's, `toolledger.leader.runtime_side.index`).
+    READ_INDEX = 4
     #: Answer: the verdict (body: `Verdict` JSON), the fold of the log up to the event's record.
     VERDICT = 16
     #: Answer to `READ`: the call record's JSON, or an empty body for "no such call"; to
@@ -78,9 +83,13 @@ class Kind(enum.IntEnum):
     #: Answer to `READ` or `RESERVE`: this leader cannot vouch for that key now; read it on the
     #: direct path (nothing was appended).
     NOT_KNOWN = 22
+    #: Answer to `READ_INDEX` (body: JSON `{"ends": {partition: next offset}, "known": bool,
+    #: "record": record JSON or null}`): every record this leader answered for a partition lies
+    #: below its end; `record` is the key's as of that end, when `known`.
+    INDEX = 23
 
 
-REQUESTS = frozenset({Kind.APPEND, Kind.READ, Kind.RESERVE})
+REQUESTS = frozenset({Kind.APPEND, Kind.READ, Kind.RESERVE, Kind.READ_INDEX})
 
 
 class FrameError(ToolLedgerError):

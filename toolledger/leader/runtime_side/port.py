@@ -33,8 +33,9 @@ leader answers a partition's batches in that order, so that one verdict row bein
 every earlier answer's rows are too. A port with nothing unsettled there reads at once, which
 is the usual case (a reservation's read of its key is answered by the leader, from memory).
 Closing the port settles everything, so a process that closed its ledger leaves the projection
-caught up with it for the next process to read. Another process's reads are not held back:
-the projection follows the answers within a batch (`docs/architecture.md`).
+caught up with it for the next process to read. A read that must see every process's writes
+(`Ledger.read_call` and the other reads a user makes) awaits `fresh` first: the read barrier
+(docs/architecture.md, "Reads see every acknowledged write").
 """
 
 from __future__ import annotations
@@ -300,6 +301,11 @@ class LeaderPort(RuntimePort):
         self._watched.discard(event_id)
         self._answered.pop(event_id, None)
         self.direct.unwatch_verdict(event_id)
+
+    async def fresh(self, run_ids: Collection[str] | None = None) -> None:
+        """The direct path's read barrier, which covers every process's answers, this port's
+        too (its ends take the leaders' read index: `toolledger.leader.runtime_side.index`)."""
+        await self.direct.fresh(run_ids)
 
     async def read_call(self, key: str) -> CallRecord | None:
         # The port is given the key alone; a run_id holding ':' is guessed wrong, and the
