@@ -179,15 +179,17 @@ class LedgerStack:
                 start_leader,  # only where a projector runs
             )
 
-            leader = await start_leader(settings, events, verify_keys)
+            locks = PostgresPartitionLocks(
+                database_url,
+                settings.schema_name,
+                share=settings.projector_ownership == "share",
+                lease_s=settings.owner_lease_s,
+            )
+            leader = await start_leader(settings, events, verify_keys, locks.holds)
             projector = Projector(
                 events,
                 store,
-                PostgresPartitionLocks(
-                    database_url,
-                    settings.schema_name,
-                    share=settings.projector_ownership == "share",
-                ),
+                locks,
                 dlq=dlq,
                 facts=FactsPublisher(facts),
                 batch_size=settings.batch_size,

@@ -1,0 +1,316 @@
+"""A hung owner gives up its partitions by itself: the lease, on real processes.
+
+Projector processes with a short lease (`TOOLLEDGER_OWNER_LEASE_S`, `LEASE_S` here) own one
+test's partitions; a runtime in this process makes tool calls through their leaders
+(`TOOLLEDGER_LEADER=auto`) with a tool that counts its effects. Nothing here ends a server
+session by hand: the owner is frozen (SIGSTOP), or its event loop blocked by a synchronous
+sleep inside a batch, and PostgreSQL's bound on its lock session (`idle_session_timeout`) is
+what frees its partitions for the standby. Each test then wakes the owner and checks that it
+stands down: it writes nothing and answers nothing but `NOT_LEADER`.
+
+What every test ends with: each call's tool ran once and its key holds one reservation and one
+outcome, both accepted, and the ledger equals a re-fold of the log. Every process started is
+stopped by its pid (`Procs.close`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests import builders as b
+from tests.integration.leader_support import (
+    all_led,
+    freeze_between_batches,
+    leader_settings,
+    owns_every_partition,
+    refold_matches,
+)
+from tests.integration.leader_worker import BLOCKING_RUN
+from tests.integration.procs import Proc, Procs, toolledger_env, until
+from tests.isolated import Isolated, running_stack
+from toolledger import Ledger, ToolContext, Toolset, external
+from toolledger.drill.ledgerdb import LedgerDB
+from toolledger.events.codec import encode
+from toolledger.events.log import partition_for
+from toolledger.leader.projector_side.reads import LeaderReads
+from toolledger.leader.runtime_side.connection import LeaderConnection, LeaderDirectory
+from toolledger.leader.runtime_side.frames import Kind
+from toolledger.leader.runtime_side.port import LeaderPort
+from toolledger.settings import ProjectorSettings
+from toolledger.wiring.leader import RegisteredLeaders, StackLeaderPort
+from toolledger.wiring.stack import LedgerStack
+from toolledger.wiring.stack_port import StackPort
+
+#: The owners' lease in these tests (the default is 10 s).
+LEASE_S = 3.0
+#: The issue's bound: the standby owns every partition within the lease plus this.
+TAKEOVER_SLACK_S = 3.0
+#: The runtime's `TOOLLEDGER_LEADER_TIMEOUT_MS`.
+BOUND_MS = 500
+#: What a projector process takes to import, connect, check the log and take its locks.
+START_TIMEOUT = 30.0
+#: What a woken owner logs when it finds its lock session gone.
+STOOD_DOWN = r"lost the partition locks|the lease lapsed"
+
+effects: Counter[str] = Counter()
+lease_tools = Toolset("lease")
+
+
+@lease_tools.tool(external())
+async def charge(n: int, context: ToolContext) -> int:
+    """An external tool whose every run is an effect, counted by idempotency key."""
+    effects[context.idempotency_key] += 1
+    return n
+
+
+class WatchedDirectory(LeaderDirectory):
+    """The runtime's directory of leaders, noting when it gave up on each partition's leader."""
+
+    def __init__(self, settings: ProjectorSettings) -> None:
+        assert settings.database_url is not None
+        super().__init__(
+            RegisteredLeaders(LeaderReads(settings.database_url, settings.schema_name))
+        )
+        self.gave_up: dict[int, float] = {}
+
+    def failed(self, partition: int, why: str) -> None:
+        self.gave_up.setdefault(partition, time.monotonic())
+        super().failed(partition, why)
+
+
+@dataclass
+class Scene:
+    """One test's ledger: projector processes, a runtime on the fast path, an inspection pool."""
+
+    settings: ProjectorSettings
+    env: dict[str, str]
+    procs: Procs
+    db: LedgerDB
+    stack: LedgerStack
+    port: LeaderPort
+    directory: WatchedDirectory
+    ledger: Ledger
+    #: A run id of each partition, so every partition has calls.
+    runs: dict[int, str]
+
+    async def call_all(self, tag: str) -> list[str]:
+        """One call of `charge` in every run at once; the keys, once each ran the tool once."""
+        keys = [f"{run}:{tag}" for run in self.runs.values()]
+        outcomes = await asyncio.gather(
+            *(
+                self.ledger.call(
+                    charge, run_id=run, tool_call_id=tag, tenant_id="lease", arguments={"n": p}
+                )
+                for p, run in self.runs.items()
+            )
+        )
+        for (p, _run), outcome in zip(self.runs.items(), outcomes, strict=True):
+            assert outcome.value == p and not outcome.replayed, outcome
+        return keys
+
+    async def every_key_once(self, keys: list[str]) -> None:
+        """Each key's tool ran once, and its history is one reservation and one completion."""
+        await self.port.settled()
+        for key in keys:
+            history = await self.stack.store.history(key)
+            assert [(h.event_type, h.accepted) for h in history] == [
+                ("call_reserved", True),
+                ("call_completed", True),
+            ], (key, history)
+            record = await self.stack.store.get_call(key)
+            assert record is not None and record.status == "completed"
+            assert effects[record.idempotency_key] == 1, key
+
+    async def sessions(self, proc: Proc) -> Counter[str]:
+        """How many PostgreSQL sessions `proc` has, by application name."""
+        rows = await self.db.fetch(
+            "SELECT application_name FROM pg_stat_activity WHERE application_name LIKE $1",
+            f"toolledger-%-{proc.pid}",
+        )
+        return Counter(str(r["application_name"]) for r in rows)
+
+    async def taken_over(self, by: Proc, since: float) -> float:
+        """Seconds from `since` until `by` holds every partition lock."""
+        await owns_every_partition(self.db, by, len(self.runs), timeout=LEASE_S * 5)
+        return time.monotonic() - since
+
+    async def stood_down(self, zombie: Proc, address: str, mark: int) -> None:
+        """`zombie`, woken, logged that it lost its partitions, and answers only `NOT_LEADER`
+        to appends (nothing appended) and reads for every partition."""
+        await zombie.wait_for(STOOD_DOWN, timeout=START_TIMEOUT, after=mark)
+        to_zombie = LeaderConnection(address)
+        try:
+            for run in self.runs.values():
+                late = b.reserved(run, "late", tenant="lease")
+                read = json.dumps({"key": f"{run}:late", "run_id": run}).encode()
+                for kind, body in ((Kind.APPEND, encode(late)), (Kind.READ, read)):
+                    frame = await asyncio.wait_for(to_zombie.request(kind, body), 10)
+                    assert frame.kind is Kind.NOT_LEADER, (kind, frame)
+        finally:
+            await to_zombie.close()
+
+    async def offsets(self) -> dict[int, int]:
+        rows = await self.db.fetch("SELECT partition, next_offset FROM projection_offsets")
+        return {int(r["partition"]): int(r["next_offset"]) for r in rows}
+
+
+@asynccontextmanager
+async def scene(isolated: Isolated, tmp_path: Path) -> AsyncIterator[Scene]:
+    settings = leader_settings(isolated, leader_timeout_ms=BOUND_MS)
+    runs = {partition_for(f"r{i}", settings.partitions): f"r{i}" for i in range(50)}
+    assert len(runs) == settings.partitions
+    env = {**toolledger_env(settings), "TOOLLEDGER_OWNER_LEASE_S": str(LEASE_S)}
+    procs = Procs(tmp_path)
+    db = LedgerDB(isolated.database_url, isolated.schema)
+    try:
+        async with running_stack(settings, run_projector=False) as stack:
+            directory = WatchedDirectory(settings)
+            port = StackLeaderPort(
+                StackPort(stack), directory, settings.partitions, BOUND_MS / 1000
+            )
+            ledger = Ledger(port, verdict_timeout=30.0)
+            try:
+                yield Scene(settings, env, procs, db, stack, port, directory, ledger, runs)
+            finally:
+                await port.close()
+    finally:
+        procs.close()
+        await db.close()
+
+
+async def _leader_address(port: LeaderPort, partitions: int) -> str:
+    addresses = set((await all_led(port, partitions)).values())
+    assert len(addresses) == 1, addresses
+    return str(addresses.pop())
+
+
+async def _new_leader(s: Scene, old: str) -> str:
+    """B's address, once the runtime's calls are answered by B's leader on every partition."""
+
+    async def registered() -> str | None:
+        found = set((await s.directory.leaders()).values())
+        return str(found.pop()) if len(found) == 1 and not found & {None, old} else None
+
+    address = await until(registered, timeout=START_TIMEOUT, what="a new leader registered")
+    assert address != old
+    return address
+
+
+async def _answered_by_leader(s: Scene, tag: str) -> list[str]:
+    """Calls in every run until a round of them is answered by a leader; their keys."""
+    keys: list[str] = []
+    for attempt in range(20):
+        before = s.port.stats["leader"]
+        keys += await s.call_all(f"{tag}{attempt}")
+        if s.port.stats["leader"] - before >= 2 * len(s.runs):  # reservation and outcome
+            return keys
+        await asyncio.sleep(0.5)
+    raise AssertionError(f"no round of calls answered by a leader: {s.port.stats}")
+
+
+async def test_a_frozen_owner_loses_its_partitions_by_its_lease_and_writes_nothing_woken(
+    isolated: Isolated, tmp_path: Path, replicas: list[str]
+) -> None:
+    """An owner frozen with SIGSTOP kept its lock session, and so its partitions, until
+    someone ended its sessions by hand: the standby never took over. Now PostgreSQL ends that
+    one session at the lease (none of the owner's other sessions is touched), the standby owns
+    every partition within the lease plus its retry interval, the runtime gives up on the
+    frozen leader within its bound, and the calls made during the freeze complete on the new
+    owner with one effect each; the runtime then follows the new leader. Woken, the old owner
+    stands down: it writes nothing (the ledger and offsets stay as they were) and answers
+    nothing but NOT_LEADER."""
+    async with scene(isolated, tmp_path) as s:
+        parts = s.settings.partitions
+        a = s.procs.projector("owner-a", s.env)
+        await owns_every_partition(s.db, a, parts, timeout=START_TIMEOUT)
+        b_proc = s.procs.projector("standby-b", s.env)
+        await b_proc.wait_for(r"owns \[\];", timeout=START_TIMEOUT)
+        a_address = await _leader_address(s.port, parts)
+        keys = await _answered_by_leader(s, "before")
+        await s.port.settled()
+
+        await freeze_between_batches(s.db, a)
+        frozen = time.monotonic()
+        sessions = await s.sessions(a)
+        during = asyncio.create_task(s.call_all("frozen"))
+        took = await s.taken_over(b_proc, since=frozen)
+        left = await s.sessions(a)
+        keys += await during
+        print(f"\nfrozen owner, lease {LEASE_S:g}s: freeze -> the standby owns every partition "
+              f"{took:.2f}s; runtime gave up on the frozen leader after "
+              f"{max(s.directory.gave_up.values()) - frozen:.2f}s")  # fmt: skip
+        assert took <= LEASE_S + TAKEOVER_SLACK_S
+        locks = Counter({f"toolledger-locks-{a.pid}": 1})
+        assert sessions & locks == locks, sessions
+        assert left == sessions - locks, "only the lock session may end, by the lease"
+        assert sorted(s.directory.gave_up) == sorted(s.runs)
+        assert all(
+            frozen < t < frozen + BOUND_MS / 1000 + 1.0 for t in s.directory.gave_up.values()
+        )
+
+        b_address = await _new_leader(s, a_address)
+        keys += await _answered_by_leader(s, "after")
+        assert set((await s.directory.leaders()).values()) == {b_address}
+        await s.every_key_once(keys)
+        before, offsets = await s.stack.store.snapshot(), await s.offsets()
+
+        mark = a.mark()
+        a.resume()
+        await s.stood_down(a, a_address, mark)
+        assert (await s.stack.store.snapshot()).digest() == before.digest()
+        assert await s.offsets() == offsets
+        assert set((await s.db.lock_owners()).values()) == {b_proc.pid}
+        keys += await s.call_all("woken")
+        await s.every_key_once(keys)
+        await refold_matches(s.stack, s.db, isolated, replicas)
+        assert b_proc.alive(), b_proc.output()[-3000:]
+
+
+async def test_an_owner_whose_loop_is_blocked_past_its_lease_loses_its_partitions_and_stands_down(
+    isolated: Isolated, tmp_path: Path, replicas: list[str]
+) -> None:
+    """An owner whose event loop is blocked for twice its lease by a synchronous sleep inside
+    a batch cannot renew, so PostgreSQL ends its lock session and the standby takes every
+    partition within the lease plus its retry interval, while calls complete on it. Unblocked,
+    the old owner finds its lease lapsed before writing the batch it was in, stands down and
+    answers nothing but NOT_LEADER; the record it was folding is the new owner's to decide."""
+    async with scene(isolated, tmp_path) as s:
+        parts = s.settings.partitions
+        env = {**s.env, "TOOLLEDGER_TEST_BLOCK_S": str(2 * LEASE_S)}
+        a = s.procs.python("owner-a", "tests.integration.leader_worker", "blocks-loop", env=env)
+        await a.wait_for("leading", timeout=START_TIMEOUT)
+        b_proc = s.procs.projector("standby-b", s.env)
+        await b_proc.wait_for(r"owns \[\];", timeout=START_TIMEOUT)
+        a_address = await _leader_address(s.port, parts)
+        keys = await _answered_by_leader(s, "before")
+
+        mark = a.mark()
+        blocking = b.reserved(BLOCKING_RUN, "c1", tenant="lease")
+        await s.stack.commands.append(blocking, timeout=10)
+        await a.wait_for("blocking", timeout=START_TIMEOUT, after=mark)
+        blocked = time.monotonic()
+        during = asyncio.create_task(s.call_all("blocked"))
+        took = await s.taken_over(b_proc, since=blocked)
+        keys += await during
+        print(f"\nblocked owner, lease {LEASE_S:g}s: block -> the standby owns every partition "
+              f"{took:.2f}s")  # fmt: skip
+        assert took <= LEASE_S + TAKEOVER_SLACK_S
+        assert "unblocked" not in a.output()[mark:], "the block ended before the takeover"
+
+        await a.wait_for("unblocked", timeout=START_TIMEOUT, after=mark)
+        await a.wait_for(r"the lease lapsed", timeout=START_TIMEOUT, after=mark)
+        await s.stood_down(a, a_address, mark)
+        verdict = await s.stack.commands.append_and_await(blocking, timeout=10)
+        assert verdict.accepted, verdict
+        await _new_leader(s, a_address)
+        keys += await _answered_by_leader(s, "after")
+        await s.every_key_once(keys)
+        assert set((await s.db.lock_owners()).values()) == {b_proc.pid}
+        await refold_matches(s.stack, s.db, isolated, replicas)
