@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import socket
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -24,7 +26,10 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
+
 from tests import builders as b
+from tests.api_support import METRICS_AUTH, api_settings, client
 from tests.integration.leader_support import (
     all_led,
     freeze_between_batches,
@@ -36,6 +41,7 @@ from tests.integration.leader_worker import BLOCKING_RUN
 from tests.integration.procs import Proc, Procs, toolledger_env, until
 from tests.isolated import Isolated, running_stack
 from toolledger import Ledger, ToolContext, Toolset, external
+from toolledger.api import create_app
 from toolledger.drill.ledgerdb import LedgerDB
 from toolledger.events.codec import encode
 from toolledger.events.log import partition_for
@@ -314,3 +320,119 @@ async def test_an_owner_whose_loop_is_blocked_past_its_lease_loses_its_partition
         await s.every_key_once(keys)
         assert set((await s.db.lock_owners()).values()) == {b_proc.pid}
         await refold_matches(s.stack, s.db, isolated, replicas)
+
+
+async def test_readyz_and_the_metrics_show_a_partition_whose_owner_stopped_renewing(
+    isolated: Isolated, tmp_path: Path
+) -> None:
+    """A frozen owner's partitions got no projection and nothing said so: `/readyz` stayed 200
+    and no metric moved. With no standby to take over, the API's `/readyz` must turn 503 naming
+    each partition, its owner and how long ago it renewed, once the owner missed two renewals
+    and again once its lease ran out, and the metrics must show each partition's lease age and
+    a stale flag. Woken, the owner finds its session gone, takes its partitions again, and
+    `/readyz` is 200; the projector's own `/readyz` reports the leases beside its lag."""
+    settings = isolated.settings(ProjectorSettings, verify_keys=b.KEYS)
+    lease = 2.0
+    env = {**toolledger_env(settings), "TOOLLEDGER_OWNER_LEASE_S": str(lease)}
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        health_port = probe.getsockname()[1]
+    procs = Procs(tmp_path)
+    owner = procs.python(
+        "owner", "toolledger", "projector", "--status-every", "0.2",
+        "--health-port", str(health_port), env=env,
+    )  # fmt: skip
+    operator = api_settings(
+        signing_keys=(b.SIGNING_KEY,), verify_keys=b.KEYS, **isolated.connection()
+    )
+    try:
+        await owner.wait_for(r"owns \[0, 1\];", timeout=START_TIMEOUT)
+        async with (
+            running_stack(settings, run_projector=False) as stack,
+            client(create_app(stack, operator)) as api,
+            httpx.AsyncClient(base_url=f"http://127.0.0.1:{health_port}") as own,
+        ):
+            ready = await api.get("/readyz")
+            assert ready.status_code == 200, ready.text
+            renewing = re.compile(rf"^\S+ pid {owner.pid}, renewed \d+\.\d+s ago \(lease 2s\)$")
+            for checks in (ready.json()["checks"], (await own.get("/readyz")).json()["checks"]):
+                assert renewing.match(checks["lease_partition_0"]), checks
+                assert renewing.match(checks["lease_partition_1"]), checks
+            assert _gauge(await _metrics(api), "stale", 0) == 0.0
+
+            owner.freeze()
+
+            async def not_ready(says: str) -> str | None:
+                answer = await api.get("/readyz")
+                message = str(answer.json().get("error", {}).get("message", ""))
+                return message if answer.status_code == 503 and says in message else None
+
+            stalled = await until(
+                lambda: not_ready(f"pid {owner.pid}) has not renewed its lease for"),
+                timeout=START_TIMEOUT,
+                what="/readyz to say the owner stopped renewing",
+            )
+            for partition in (0, 1):
+                assert re.search(
+                    rf"partition {partition}: its owner \(\S+ pid {owner.pid}\) has not renewed "
+                    r"its lease for \d+\.\d+s \(lease 2s\): it is stalled or frozen",
+                    stalled,
+                ), stalled
+            text = await _metrics(api)
+            assert _gauge(text, "stale", 0) == _gauge(text, "stale", 1) == 1.0
+            assert _gauge(text, "age_seconds", 0) >= lease / 2
+            expired = await until(
+                lambda: not_ready("no projector has renewed its lease for"),
+                timeout=START_TIMEOUT,
+                what="/readyz to say the lease ran out and nobody took the partitions",
+            )
+            assert f"last owner {_host(stalled, owner)} pid {owner.pid}" in expired, expired
+            await until(
+                lambda: _lock_session_gone(isolated, owner),
+                timeout=START_TIMEOUT,
+                what="PostgreSQL to end the frozen owner's lock session",
+            )
+
+            mark = owner.mark()
+            owner.resume()
+            await owner.wait_for("lost the partition locks", timeout=START_TIMEOUT, after=mark)
+            await owner.wait_for(r"owns \[0, 1\];", timeout=START_TIMEOUT, after=owner.mark())
+
+            async def ready_again() -> bool:
+                return (await api.get("/readyz")).status_code == 200
+
+            await until(ready_again, timeout=START_TIMEOUT, what="/readyz to be 200 again")
+            assert _gauge(await _metrics(api), "stale", 0) == 0.0
+    finally:
+        procs.close()
+
+
+async def _metrics(api: httpx.AsyncClient) -> str:
+    answer = await api.get("/metrics", headers=METRICS_AUTH)
+    assert answer.status_code == 200, answer.text
+    return answer.text
+
+
+def _gauge(text: str, name: str, partition: int) -> float:
+    found = re.search(rf'^toolledger_partition_lease_{name}{{partition="{partition}"}} (\S+)$',
+                      text, re.MULTILINE)  # fmt: skip
+    assert found is not None, f"no lease {name} gauge for partition {partition}"
+    return float(found.group(1))
+
+
+def _host(message: str, owner: Proc) -> str:
+    found = re.search(rf"\((\S+) pid {owner.pid}\)", message)
+    assert found is not None, message
+    return str(found.group(1))
+
+
+async def _lock_session_gone(isolated: Isolated, owner: Proc) -> bool:
+    db = LedgerDB(isolated.database_url, isolated.schema)
+    try:
+        rows = await db.fetch(
+            "SELECT 1 FROM pg_stat_activity WHERE application_name = $1",
+            f"toolledger-locks-{owner.pid}",
+        )
+    finally:
+        await db.close()
+    return not rows

@@ -10,8 +10,8 @@ owner's lock session writes; the age is PostgreSQL's clock minus PostgreSQL's cl
 process's clock skews it.
 
 An owner renews every quarter of its lease, so a lease not renewed for half of it has missed two
-renewals: its owner is stalled, frozen or gone (`stale`). Past the whole lease PostgreSQL has
-ended the owner's lock session; a partition still shown so has no projector taking it over.
+renewals: its owner is stalled, frozen or gone (`stale`). Past the whole lease PostgreSQL ends
+the owner's lock session; a partition still shown so has no projector taking it over.
 """
 
 from __future__ import annotations
@@ -48,7 +48,9 @@ class PartitionLease:
 
     @property
     def expired(self) -> bool:
-        """Not renewed for the whole lease: PostgreSQL has ended the owner's lock session."""
+        """Not renewed for the whole lease: PostgreSQL ends the owner's lock session by now, or
+        a quarter of the lease later at most (any statement on that session restarts its bound,
+        and the owner's ownership checks come between recorded renewals)."""
         return self.age_s > self.lease_s
 
     def summary(self) -> str:
