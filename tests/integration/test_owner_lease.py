@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests import builders as b
 from tests.api_support import METRICS_AUTH, api_settings, client
@@ -168,8 +169,8 @@ class Scene:
 
 
 @asynccontextmanager
-async def scene(isolated: Isolated, tmp_path: Path) -> AsyncIterator[Scene]:
-    settings = leader_settings(isolated, leader_timeout_ms=BOUND_MS)
+async def scene(isolated: Isolated, tmp_path: Path, partitions: int = 2) -> AsyncIterator[Scene]:
+    settings = leader_settings(isolated, partitions=partitions, leader_timeout_ms=BOUND_MS)
     runs = {partition_for(f"r{i}", settings.partitions): f"r{i}" for i in range(50)}
     assert len(runs) == settings.partitions
     env = {**toolledger_env(settings), "TOOLLEDGER_OWNER_LEASE_S": str(LEASE_S)}
@@ -322,6 +323,69 @@ async def test_an_owner_whose_loop_is_blocked_past_its_lease_loses_its_partition
         await refold_matches(s.stack, s.db, isolated, replicas)
 
 
+#: The throughput benchmark's load (`benchmarks/throughput.py`): runs in flight, and partitions.
+LOAD_RUNS = 64
+LOAD_PARTITIONS = 4
+#: How long a healthy owner is watched under that load.
+LOAD_S = 60.0
+
+
+@pytest.mark.drill
+@pytest.mark.timeout(LOAD_S + 240)
+async def test_a_healthy_owner_under_the_64_way_load_never_loses_its_lease(
+    isolated: Isolated, tmp_path: Path
+) -> None:
+    """A lease renewed behind busy batches, or from a task the load starves, would be lost by
+    a healthy owner: its standby would take the partitions in the middle of the work, each time
+    a stall and a flurry of failed compare-and-sets. Under the throughput benchmark's load (64
+    runs each calling a tool, one call after another, through the leaders) for a minute, the
+    owner must keep its lock session, its lease rows must never look stale (two renewals
+    missed), the standby must own nothing, and every call must have had one effect."""
+    async with scene(isolated, tmp_path, partitions=LOAD_PARTITIONS) as s:
+        a = s.procs.projector("owner-a", s.env, status_every=5.0)
+        await owns_every_partition(s.db, a, LOAD_PARTITIONS, timeout=START_TIMEOUT)
+        b_proc = s.procs.projector("standby-b", s.env, status_every=5.0)
+        await b_proc.wait_for(r"owns \[\];", timeout=START_TIMEOUT)
+        await _answered_by_leader(s, "warm")
+        backend = await _lock_backend(s, a)
+        stop = time.monotonic() + LOAD_S
+        done = 0
+        oldest = 0.0
+
+        async def run(r: int) -> None:
+            nonlocal done
+            c = 0
+            while time.monotonic() < stop:
+                outcome = await s.ledger.call(
+                    charge, run_id=f"load{r}", tool_call_id=f"c{c}", tenant_id="lease",
+                    arguments={"n": r},
+                )  # fmt: skip
+                assert outcome.value == r and not outcome.replayed, outcome
+                c += 1
+                done += 1
+
+        async def watch() -> None:
+            nonlocal oldest
+            while time.monotonic() < stop:
+                leases = await s.stack.store.partition_leases()
+                assert len(leases) == LOAD_PARTITIONS, leases
+                oldest = max([oldest, *(lease.age_s for lease in leases)])
+                assert not any(lease.stale for lease in leases), leases
+                owners = await s.db.lock_owners()
+                assert set(owners.values()) == {a.pid}, owners
+                await asyncio.sleep(0.25)
+
+        await asyncio.gather(watch(), *(run(r) for r in range(LOAD_RUNS)))
+        print(f"\nhealthy owner under {LOAD_RUNS}-way load for {LOAD_S:g}s: {done} calls, "
+              f"{done / LOAD_S:.0f}/s; oldest lease renewal seen {oldest:.2f}s "
+              f"(lease {LEASE_S:g}s, renewed every {LEASE_S / 4:g}s)")  # fmt: skip
+        assert await _lock_backend(s, a) == backend, "the owner's lock session was replaced"
+        assert not re.search(STOOD_DOWN, a.output()), a.output()[-3000:]
+        assert s.port.stats["leader"] > done  # the load went through the leaders
+        loaded = [n for key, n in effects.items() if key.startswith("load")]
+        assert len(loaded) == done and set(loaded) == {1}, "a call without one effect"
+
+
 async def test_readyz_and_the_metrics_show_a_partition_whose_owner_stopped_renewing(
     isolated: Isolated, tmp_path: Path
 ) -> None:
@@ -436,3 +500,13 @@ async def _lock_session_gone(isolated: Isolated, owner: Proc) -> bool:
     finally:
         await db.close()
     return not rows
+
+
+async def _lock_backend(s: Scene, proc: Proc) -> int:
+    """The server pid of `proc`'s lock session."""
+    rows = await s.db.fetch(
+        "SELECT pid FROM pg_stat_activity WHERE application_name = $1",
+        f"toolledger-locks-{proc.pid}",
+    )
+    assert len(rows) == 1, rows
+    return int(rows[0]["pid"])
