@@ -81,10 +81,6 @@ _RENEW = (
 _RELEASE = (
     "UPDATE projection_leases SET owner = NULL WHERE partition = ANY($1::int4[]) AND owner = $2"
 )
-_BOUND = (
-    "SELECT set_config('idle_session_timeout', $1, false), "
-    "set_config('tcp_user_timeout', $1, false)"
-)
 
 
 def check_lease_support(server_major: int, server_version: str) -> None:
@@ -102,6 +98,19 @@ def check_lease_support(server_major: int, server_version: str) -> None:
             "partitions until its sessions were ended by hand. Upgrade PostgreSQL to "
             f"{LEASE_SINCE_MAJOR} or later"
         )
+
+
+async def _bound(conn: asyncpg.Connection, milliseconds: str) -> None:
+    """Have PostgreSQL end this session once idle for `milliseconds`, and once what it sends
+    stays unacknowledged that long where the server's platform can tell (TCP_USER_TIMEOUT:
+    Linux; elsewhere the idle bound alone ends a silent owner's session)."""
+    import asyncpg
+
+    await conn.execute("SELECT set_config('idle_session_timeout', $1, false)", milliseconds)
+    try:
+        await conn.execute("SELECT set_config('tcp_user_timeout', $1, false)", milliseconds)
+    except asyncpg.InvalidParameterValueError:
+        log.debug("this PostgreSQL server's platform has no TCP_USER_TIMEOUT")
 
 
 class PartitionLocks(ABC):
@@ -191,7 +200,7 @@ class PostgresPartitionLocks(PartitionLocks):
         try:
             version = conn.get_server_version()
             check_lease_support(version.major, f"{version.major}.{version.minor}")
-            await conn.execute(_BOUND, str(max(1, round(self.lease_s * 1000))))
+            await _bound(conn, str(max(1, round(self.lease_s * 1000))))
             if self._share:
                 await conn.execute(
                     "SELECT pg_advisory_lock($1::int4, pg_backend_pid())", self._members
