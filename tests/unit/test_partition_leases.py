@@ -14,8 +14,8 @@ from click.testing import CliRunner
 from toolledger.cli import main
 from toolledger.cli.entry import ExitStatus
 from toolledger.errors import ConfigError
+from toolledger.projections.lease_session import check_lease_support
 from toolledger.projections.leases import PartitionLease, lease_checks, lease_problems
-from toolledger.projections.ownership import check_lease_support
 from toolledger.settings import ProjectorSettings, load_settings
 
 
