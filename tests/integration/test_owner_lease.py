@@ -301,6 +301,45 @@ async def test_a_frozen_owner_loses_its_partitions_by_its_lease_and_writes_nothi
         assert b_proc.alive(), b_proc.output()[-3000:]
 
 
+async def test_a_frozen_sharing_projectors_partitions_go_to_the_other_by_its_lease(
+    isolated: Isolated, tmp_path: Path, replicas: list[str]
+) -> None:
+    """With the partitions shared, a frozen member kept its half (and its member lock, so the
+    other never counted it gone). Its lease ends its lock session: the other projector counts
+    one member and takes every partition within the lease plus its retry interval, calls made
+    meanwhile complete with one effect each, and the frozen member, woken, stands down and
+    then takes its share again."""
+    async with scene(isolated, tmp_path) as s:
+        env = {**s.env, "TOOLLEDGER_PROJECTOR_OWNERSHIP": "share"}
+        first = s.procs.projector("member-1", env)
+        await owns_every_partition(s.db, first, len(s.runs), timeout=START_TIMEOUT)
+        second = s.procs.projector("member-2", env)
+
+        async def halves() -> bool:
+            return sorted((await s.db.lock_owners()).values()) == sorted([first.pid, second.pid])
+
+        await until(halves, timeout=START_TIMEOUT, what="the partitions shared one each")
+        keys = await _answered_by_leader(s, "before")
+        await s.port.settled()
+
+        await freeze_between_batches(s.db, first)
+        frozen = time.monotonic()
+        during = asyncio.create_task(s.call_all("frozen"))
+        took = await s.taken_over(second, since=frozen)
+        keys += await during
+        print(f"\nfrozen sharing member, lease {LEASE_S:g}s: freeze -> the other owns every "
+              f"partition {took:.2f}s")  # fmt: skip
+        assert took <= LEASE_S + TAKEOVER_SLACK_S
+
+        mark = first.mark()
+        first.resume()
+        await first.wait_for(STOOD_DOWN, timeout=START_TIMEOUT, after=mark)
+        await until(halves, timeout=START_TIMEOUT, what="the woken member to take its share")
+        keys += await s.call_all("shared")
+        await s.every_key_once(keys)
+        await refold_matches(s.stack, s.db, isolated, replicas)
+
+
 async def test_an_owner_whose_loop_is_blocked_past_its_lease_loses_its_partitions_and_stands_down(
     isolated: Isolated, tmp_path: Path, replicas: list[str]
 ) -> None:
