@@ -18,6 +18,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from toolledger.projections.migrations import Conn
 
 #: The share of its lease after which a partition not renewed counts as stale (two renewals
 #: missed: `toolledger.projections.ownership.RENEWALS_PER_LEASE`).
@@ -90,3 +94,12 @@ def lease_problems(leases: Iterable[PartitionLease]) -> list[str]:
 def lease_checks(leases: Iterable[PartitionLease]) -> dict[str, str]:
     """Each partition's lease as `/readyz` reports it beside its other checks."""
     return {f"lease_partition_{lease.partition}": lease.summary() for lease in leases}
+
+
+async def read_leases(conn: Conn) -> list[PartitionLease]:
+    """Every partition's lease, by partition, from `conn` (its search_path on the ledger's
+    schema): what `/readyz`, the metrics and `toolledger status` show."""
+    return [
+        PartitionLease(int(r["partition"]), r["owner"], float(r["lease_s"]), float(r["age_s"]))
+        for r in await conn.fetch(LEASES)
+    ]

@@ -63,7 +63,7 @@ from toolledger.projections.batch_sql import (
 )
 from toolledger.projections.facts import Fact
 from toolledger.projections.gc_pause import gc_paused
-from toolledger.projections.leases import LEASES, PartitionLease
+from toolledger.projections.leases import PartitionLease, read_leases
 from toolledger.projections.listening import channel_for
 from toolledger.projections.migrations import check_schema_name, migrate, quote_ident
 from toolledger.projections.store import (
@@ -539,11 +539,8 @@ class PostgresLedger(LedgerStore):
         return None if row is None else _state(row)
 
     async def partition_leases(self) -> list[PartitionLease]:
-        rows = await self._db.fetch(LEASES)
-        return [
-            PartitionLease(int(r["partition"]), r["owner"], float(r["lease_s"]), float(r["age_s"]))
-            for r in rows
-        ]
+        async with self._db.acquire() as conn:
+            return await read_leases(conn)
 
     async def apply_written(
         self,
