@@ -119,6 +119,15 @@ class Settings(BaseSettings):
         description="`standby`: the first projector takes every partition, the others wait to "
         "take over; `share`: the partitions are split evenly among the running projectors.",
     )
+    owner_lease_s: float = Field(
+        default=10.0,
+        ge=1.0,
+        le=600.0,
+        description="Projectors: the lease on the partitions a projector owns. PostgreSQL ends "
+        "the session holding its partition locks once it has not been renewed for this long "
+        "(idle_session_timeout, PostgreSQL 14 and later), so a hung projector's partitions go "
+        "to another within it; the owner renews every quarter of it.",
+    )
     identity_check_s: float = Field(
         default=2.0,
         gt=0,

@@ -3,12 +3,14 @@
 A test on the leader fast path builds projector settings with runtimes on it
 (`TOOLLEDGER_LEADER=auto`), opens a runtime's `LeaderPort` on a stack, waits until every
 partition has a leader registered, makes calls over several runs and counts what PostgreSQL
-holds of them. `tests/integration/test_leader.py`, `test_leader_tls.py` and
-`test_leader_zombie.py` use these.
+holds of them. The tests that freeze an owner wait until a process holds every partition lock
+and freeze it between batches. `tests/integration/test_leader.py`, `test_leader_tls.py`,
+`test_leader_zombie.py` and `test_owner_lease.py` use these.
 """
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -17,12 +19,16 @@ from typing import Any
 import asyncpg
 
 from tests import builders as b
-from tests.integration.procs import until
+from tests.integration.procs import Proc, until
 from tests.isolated import Isolated
+from toolledger.drill.ledgerdb import LedgerDB
 from toolledger.events.models import Event
+from toolledger.events.records import Verdict
 from toolledger.leader.projector_side.listener import LeaderServer
 from toolledger.leader.runtime_side.port import LeaderPort
 from toolledger.projections.migrations import quote_ident
+from toolledger.projections.postgres import PostgresLedger
+from toolledger.projections.replay import compare, replay
 from toolledger.settings import ProjectorSettings, Settings
 from toolledger.wiring.leader import leader_port
 from toolledger.wiring.stack import LedgerStack
@@ -81,3 +87,60 @@ async def history_count(isolated: Isolated, event_ids: list[uuid.UUID]) -> dict[
     finally:
         await conn.close()
     return {uuid.UUID(bytes=r["event_id"].bytes): int(r["n"]) for r in rows}
+
+
+async def owns_every_partition(
+    db: LedgerDB, proc: Proc, partitions: int, *, timeout: float = 30.0
+) -> None:
+    """Wait until `proc`'s lock session holds every partition's lock."""
+
+    async def check() -> bool:
+        owners = await db.lock_owners()
+        return len(owners) == partitions and set(owners.values()) == {proc.pid}
+
+    await until(check, timeout=timeout, what=f"{proc.name} to hold every partition lock")
+
+
+async def freeze_between_batches(db: LedgerDB, proc: Proc) -> None:
+    """SIGSTOP `proc` at a moment none of its sessions is inside a transaction (a frozen batch
+    transaction would hold the offset row its successor must write); retried until caught so."""
+    sessions = (
+        "SELECT state, wait_event, xact_start IS NOT NULL AS open FROM pg_stat_activity "
+        "WHERE application_name LIKE $1"
+    )
+
+    async def settled() -> list[Any] | None:
+        rows = await db.fetch(sessions, f"toolledger-%-{proc.pid}")
+        busy = [r for r in rows if r["state"] == "active" and r["wait_event"] != "ClientRead"]
+        return None if busy or not rows else rows
+
+    for _ in range(100):
+        proc.freeze()
+        rows = await until(settled, timeout=5, what=f"the sessions of frozen {proc.name}")
+        if not any(r["open"] for r in rows):
+            return
+        proc.resume()
+        await asyncio.sleep(0.017)
+    raise AssertionError(f"could not freeze {proc.name} between batches")
+
+
+async def refold_matches(
+    stack: LedgerStack, db: LedgerDB, isolated: Isolated, replicas: list[str]
+) -> dict[uuid.UUID, Verdict]:
+    """Re-fold the log into a fresh schema up to the live offsets: the live ledger must be the
+    same (rows, history, digest). Returns the re-fold's verdict of every event_id."""
+    rows = await db.fetch("SELECT partition, next_offset FROM projection_offsets")
+    targets = {int(r["partition"]): int(r["next_offset"]) for r in rows}
+    replicas.append(f"{isolated.schema}_refold")
+    fresh = PostgresLedger(isolated.database_url, replicas[-1], verify_keys=b.KEYS)
+    await fresh.start()
+    try:
+        report = await replay(stack.events, fresh, targets=targets)
+        replayed = await fresh.snapshot()
+        verdicts = await fresh.verdicts([entry.event_id for entry in replayed.history])
+    finally:
+        await fresh.close()
+    live = await stack.store.snapshot()
+    assert compare(live, replayed) == []
+    assert report.replay_digest == live.digest()
+    return verdicts

@@ -2,9 +2,9 @@
 
 Two projector processes: A leads every partition, B (`python -m toolledger projector`) waits
 as its hot standby. A runtime in this process calls through A; A is frozen between batches
-with requests on their way to it, and PostgreSQL ends A's lock session (what it does to a
-client that stopped answering; a stopped process's sessions never end by themselves), so B
-takes the partitions and their leadership while the runtime goes on. Then A resumes with those
+with requests on their way to it, and A's lock session is ended by hand long before A's lease
+(600 s here) would end it, so B takes the partitions and their leadership while the runtime
+goes on and A, woken, still trusts its lease. Then A resumes with those
 requests in its socket buffer and B's records in the log. A runs
 `tests.integration.leader_worker late-lock-checks`, which re-checks its locks only hourly, so
 it is certain to act as a zombie that has not noticed: it answers what it was sent and sends
@@ -23,11 +23,18 @@ import functools
 import json
 import uuid
 from pathlib import Path
-from typing import Any
 
 from tests import builders as b
-from tests.integration.leader_support import all_led, history_count, leader_settings, runtime_port
-from tests.integration.procs import Proc, Procs, toolledger_env, until
+from tests.integration.leader_support import (
+    all_led,
+    freeze_between_batches,
+    history_count,
+    leader_settings,
+    owns_every_partition,
+    refold_matches,
+    runtime_port,
+)
+from tests.integration.procs import Procs, toolledger_env, until
 from tests.isolated import Isolated, running_stack
 from toolledger.drill.ledgerdb import LedgerDB
 from toolledger.events.codec import encode
@@ -37,43 +44,10 @@ from toolledger.events.records import Verdict
 from toolledger.leader.runtime_side.connection import LeaderConnection
 from toolledger.leader.runtime_side.frames import Frame, Kind
 from toolledger.leader.runtime_side.port import LeaderPort
-from toolledger.projections.postgres import PostgresLedger
-from toolledger.projections.replay import compare, replay
 from toolledger.wiring.stack import LedgerStack
 
 #: What a projector process takes to import, connect, check the log and take its locks.
 START_TIMEOUT = 30.0
-
-
-async def _owns(db: LedgerDB, proc: Proc, partitions: int) -> None:
-    async def check() -> bool:
-        owners = await db.lock_owners()
-        return len(owners) == partitions and set(owners.values()) == {proc.pid}
-
-    await until(check, timeout=START_TIMEOUT, what=f"{proc.name} to hold every partition lock")
-
-
-async def _freeze_between_batches(db: LedgerDB, proc: Proc) -> None:
-    """SIGSTOP `proc` at a moment none of its sessions is inside a transaction (a frozen batch
-    transaction would hold the offset row B must write); retried until caught so."""
-    sessions = (
-        "SELECT state, wait_event, xact_start IS NOT NULL AS open FROM pg_stat_activity "
-        "WHERE application_name LIKE $1"
-    )
-
-    async def settled() -> list[Any] | None:
-        rows = await db.fetch(sessions, f"toolledger-%-{proc.pid}")
-        busy = [r for r in rows if r["state"] == "active" and r["wait_event"] != "ClientRead"]
-        return None if busy or not rows else rows
-
-    for _ in range(100):
-        proc.freeze()
-        rows = await until(settled, timeout=5, what=f"the sessions of frozen {proc.name}")
-        if not any(r["open"] for r in rows):
-            return
-        proc.resume()
-        await asyncio.sleep(0.017)
-    raise AssertionError(f"could not freeze {proc.name} between batches")
 
 
 async def _led_by(port: LeaderPort, partitions: int, address: str) -> None:
@@ -81,28 +55,6 @@ async def _led_by(port: LeaderPort, partitions: int, address: str) -> None:
         return set((await all_led(port, partitions)).values()) == {address}
 
     await until(check, timeout=START_TIMEOUT, what=f"every partition led from {address}")
-
-
-async def _refold(
-    stack: LedgerStack, db: LedgerDB, isolated: Isolated, replicas: list[str]
-) -> dict[uuid.UUID, Verdict]:
-    """Re-fold the log into a fresh schema up to the live offsets: the live ledger must be the
-    same (rows, history, digest). Returns the re-fold's verdict of every event_id."""
-    rows = await db.fetch("SELECT partition, next_offset FROM projection_offsets")
-    targets = {int(r["partition"]): int(r["next_offset"]) for r in rows}
-    replicas.append(f"{isolated.schema}_refold")
-    fresh = PostgresLedger(isolated.database_url, replicas[-1], verify_keys=b.KEYS)
-    await fresh.start()
-    try:
-        report = await replay(stack.events, fresh, targets=targets)
-        replayed = await fresh.snapshot()
-        verdicts = await fresh.verdicts([entry.event_id for entry in replayed.history])
-    finally:
-        await fresh.close()
-    live = await stack.store.snapshot()
-    assert compare(live, replayed) == []
-    assert report.replay_digest == live.digest()
-    return verdicts
 
 
 async def test_a_frozen_leader_taken_over_answers_only_the_logs_verdicts_and_writes_nothing(
@@ -126,12 +78,19 @@ async def test_a_frozen_leader_taken_over_answers_only_the_logs_verdicts_and_wri
     sent: list[Event] = []
     procs = Procs(tmp_path)
     db = LedgerDB(isolated.database_url, isolated.schema)
-    env = {**toolledger_env(settings), "TOOLLEDGER_PROJECTOR_OWNERSHIP": "standby"}
+    # A long lease: A's lock session is ended by hand, and A trusts its lease on waking, so
+    # only the compare-and-set can stop it (tests/integration/test_owner_lease.py lets the
+    # lease end a frozen owner's session instead).
+    env = {
+        **toolledger_env(settings),
+        "TOOLLEDGER_PROJECTOR_OWNERSHIP": "standby",
+        "TOOLLEDGER_OWNER_LEASE_S": "600",
+    }
     zombie_line = None
     try:
         a = procs.python("leader-a", "tests.integration.leader_worker", "late-lock-checks", env=env)
         await a.wait_for("leading", timeout=START_TIMEOUT)
-        await _owns(db, a, parts)
+        await owns_every_partition(db, a, parts)
         b_proc = procs.projector("leader-b", env)
         await b_proc.wait_for(r"owns \[\];", timeout=START_TIMEOUT)
         async with (
@@ -154,12 +113,12 @@ async def test_a_frozen_leader_taken_over_answers_only_the_logs_verdicts_and_wri
             # 2. A freezes with requests on their way to it: outcomes, and a resend of a
             # reservation it answered. PostgreSQL ends A's lock session; B takes over.
             port.bound = 0.3
-            await _freeze_between_batches(db, a)
+            await freeze_between_batches(db, a)
             stalled: list[Event] = [*completed[parts : 2 * parts], reserved[0]]
             to_a = LeaderConnection(a_address)
             queued = [asyncio.create_task(to_a.request(Kind.APPEND, encode(e))) for e in stalled]
             assert await db.terminate([f"toolledger-locks-{a.pid}"]) == 1
-            await _owns(db, b_proc, parts)
+            await owns_every_partition(db, b_proc, parts)
 
             # The runtime resends what it sent A (it timed out: direct, the same event_ids)
             # and goes on calling; B's leader answers once registered and looked up again.
@@ -234,7 +193,7 @@ async def test_a_frozen_leader_taken_over_answers_only_the_logs_verdicts_and_wri
             assert (await stack.store.snapshot()).digest() == before.digest()
             ids = [e.event_id for e in sent]
             assert await history_count(isolated, ids) == dict.fromkeys(ids, 1)
-            refolded = await _refold(stack, db, isolated, replicas)
+            refolded = await refold_matches(stack, db, isolated, replicas)
             for event_id, verdict in {**answered_by_a, **answered_after}.items():
                 assert refolded[event_id] == verdict, event_id
             assert b_proc.alive(), b_proc.output()[-3000:]

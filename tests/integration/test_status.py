@@ -2,8 +2,8 @@
 
 There was no such command: `dev status` knows only a developer's own stack, and a halted
 partition or a projector gone showed only in the owning process's log and `/readyz`. The status
-must name each partition's owner and leader, its lag, a halt with what to deploy, and the
-paused runs, and say with its exit status whether anything needs someone.
+must name each partition's owner, its lease, its leader, its lag, a halt with what to deploy,
+and the paused runs, and say with its exit status whether anything needs someone.
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ async def _status_until(
     return await until(check, timeout=30, what=what)
 
 
-async def _projector(procs: Procs, settings: Settings) -> Proc:
-    proc = procs.projector("projector", toolledger_env(settings))
+async def _projector(procs: Procs, settings: Settings, **env: str) -> Proc:
+    proc = procs.projector("projector", {**toolledger_env(settings), **env})
     await proc.wait_for(r"owns \[0, 1\];", timeout=START_TIMEOUT)
     return proc
 
@@ -106,6 +106,43 @@ async def test_status_exits_1_naming_a_halted_partition_and_one_without_a_projec
     code, out, err = await run_toolledger_async(_env(settings), "status")
     assert code == ExitStatus.NO, out + err
     assert "no owner" in out and "has no projector: start one" in out
+
+
+async def test_status_shows_each_partitions_lease_and_exits_1_once_its_owner_stops_renewing(
+    isolated: Isolated, procs: Procs
+) -> None:
+    """A frozen owner (SIGSTOP) keeps its lock until its lease runs out, and nothing is
+    projected meanwhile: the status must say so from the lease, not only once the lock is gone
+    (issue 45: a partition whose owner stopped renewing, and how long ago it last renewed)."""
+    settings = isolated.settings(Settings)
+    projector = await _projector(procs, settings, TOOLLEDGER_OWNER_LEASE_S="3")
+
+    def renewed(rows: list[dict[str, Any]]) -> bool:
+        return bool(rows) and all(p["lease"] and not p["lease"]["stale"] for p in rows)
+
+    code, shown, err = await _status_until(settings, renewed, "renewed leases in the status")
+    assert code == ExitStatus.OK, (shown, err)
+    for row in shown["partitions"]:
+        assert row["lease"]["lease_s"] == 3.0 and row["lease"]["age_s"] < 1.5, row
+        assert row["lease"]["owner"] and str(projector.pid) in row["lease"]["owner"], row
+
+    projector.freeze()
+    try:
+
+        def stale(rows: list[dict[str, Any]]) -> bool:
+            return bool(rows) and all(p["lease"] and p["lease"]["stale"] for p in rows)
+
+        code, shown, err = await _status_until(settings, stale, "stale leases in the status")
+        assert code == ExitStatus.NO, (shown, err)
+        for row in shown["partitions"]:
+            assert row["lease"]["age_s"] > 1.5, row
+            assert any(
+                f"partition {row['partition']}" in p and "lease" in p for p in row["problems"]
+            ), row
+        code, out, err = await run_toolledger_async(_env(settings), "status")
+        assert code == ExitStatus.NO and "STALE LEASE" in out, out + err
+    finally:
+        projector.resume()
 
 
 async def test_status_without_the_ledger_says_what_is_missing(isolated: Isolated) -> None:

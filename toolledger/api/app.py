@@ -10,8 +10,9 @@ Besides `/v1/tool-executions` (`toolledger.api.routes`) it serves:
 
 - `/console`: the operator console, HTML pages over the same service (`toolledger.api.console`);
 - `/healthz`: the process is up;
-- `/readyz`: PostgreSQL answers, a projector has bound the events topic, and this process's
-  operator commands are getting verdicts (none is stuck, the last one did not time out);
+- `/readyz`: PostgreSQL answers, a projector has bound the events topic, every partition's
+  owner is renewing its lease (`toolledger.projections.leases`), and this process's operator
+  commands are getting verdicts (none is stuck, the last one did not time out);
 - `/metrics`: the default Prometheus registry (`toolledger.api.metrics`), with the ledger-wide
   gauges refreshed at most every few seconds so a scrape never scans the ledger twice. Its
   counts span every tenant, so it answers only to `Authorization: Bearer
@@ -54,8 +55,9 @@ from toolledger.api.tokens import MemoryTokens, PostgresTokens, TokenStore
 from toolledger.errors import ConfigError
 from toolledger.events.models import utcnow
 from toolledger.projections.fresh import FreshReads, LedgerReads
-from toolledger.projections.health import ProjectorHealth, lag_checks
+from toolledger.projections.health import ProjectorHealth, lag_checks, update_lease_gauges
 from toolledger.projections.health import problems as projector_problems
+from toolledger.projections.leases import PartitionLease, lease_checks, lease_problems
 from toolledger.projections.postgres import PostgresLedger
 from toolledger.runtime.tools import Tool
 from toolledger.settings import OperatorSettings
@@ -184,13 +186,16 @@ def _health_routes(app: FastAPI, settings: OperatorSettings) -> None:
     @app.get("/readyz", response_model=Health, tags=["health"], responses=errors(503))
     async def readyz(request: Request) -> Health:
         """Ready to take operator commands: PostgreSQL answers, a projector has bound the
-        events topic, and this process's commands are getting verdicts."""
+        events topic, every partition's owner renews its lease, and this process's commands
+        are getting verdicts."""
         context = api_context(request)
         service = context.service
         problems: list[str] = []
+        leases: list[PartitionLease] = []
         try:
             bound = await asyncio.wait_for(service.store.partition_state(0), READY_TIMEOUT_S)
             signing = await asyncio.wait_for(service.signing_problem(), READY_TIMEOUT_S)
+            leases = await asyncio.wait_for(service.store.partition_leases(), READY_TIMEOUT_S)
         except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             problems.append(f"the ledger store does not answer ({exc or 'timeout'})")
         else:
@@ -213,6 +218,8 @@ def _health_routes(app: FastAPI, settings: OperatorSettings) -> None:
         if health is not None:
             problems.extend(projector_problems(health.projector))
             checks.update(lag_checks(health))
+        problems.extend(lease_problems(leases))
+        checks.update(lease_checks(leases))
         if problems:
             raise ApiError(503, "not_ready", "; ".join(problems))
         return Health(status="ready", checks=checks)
@@ -231,6 +238,7 @@ def _health_routes(app: FastAPI, settings: OperatorSettings) -> None:
             metrics.RESUME_FAILED.set(stats.resume_failed)
             refreshed["at"] = time.monotonic()
         metrics.PROJECTOR_LAG.set(service.verdict_lag())
+        update_lease_gauges(await service.store.partition_leases())
         health: ProjectorHealth | None = request.app.state.projector_health
         if health is not None:
             health.update_gauges()

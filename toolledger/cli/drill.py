@@ -74,6 +74,14 @@ if TYPE_CHECKING:
     "--zombie-every", default=30.0, show_default=True, help="Mean seconds between zombies."
 )
 @click.option(
+    "--owner-lease",
+    default=3.0,
+    show_default=True,
+    type=click.FloatRange(1.0, 600.0),
+    help="The drill's projectors' TOOLLEDGER_OWNER_LEASE_S: a zombie's partitions pass to the "
+    "other projector when it runs out (production's default is 10).",
+)
+@click.option(
     "--reconciler-kill-every",
     default=30.0,
     show_default=True,
@@ -125,6 +133,7 @@ def drill(
     leader: Literal["auto", "off"],
     projector_kill_every: float,
     zombie_every: float,
+    owner_lease: float,
     reconciler_kill_every: float,
     postgres_restarts: int,
     broker_reset: bool,
@@ -159,6 +168,7 @@ def drill(
         leader=leader,
         projector_kill_every=projector_kill_every,
         zombie_every=zombie_every,
+        owner_lease_s=owner_lease,
         reconciler_kill_every=reconciler_kill_every,
         postgres_restarts=postgres_restarts,
         broker_reset=broker_reset,

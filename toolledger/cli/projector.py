@@ -3,11 +3,12 @@
 Run two or more: ownership of partitions goes through PostgreSQL advisory locks. By default
 the first process takes every free partition and the others are hot standbys; with
 `TOOLLEDGER_PROJECTOR_OWNERSHIP=share` the partitions are split evenly among the processes.
-Either way the survivors take a dead process's partitions within a second (a hung one's
-within about ten: PostgreSQL ends its idle transaction). A lost database connection is
-survived: positions are re-read when it is back; so is a broker that stops answering (the
-process stands down until it answers again). It exits 4 with the log-identity error when the
-topic is not the one the ledger was built from. It refuses to start without
+Either way the survivors take a dead process's partitions within a second, and a hung one's
+within its lease (`TOOLLEDGER_OWNER_LEASE_S`, 10 s: PostgreSQL ends its lock session once it
+stops renewing; it needs PostgreSQL 14 or later and refuses 13, exiting 2). A lost database
+connection is survived: positions are re-read when it is back; so is a broker that stops
+answering (the process stands down until it answers again). It exits 4 with the log-identity
+error when the topic is not the one the ledger was built from. It refuses to start without
 `TOOLLEDGER_VERIFY_KEYS`, or with keys that lack or contradict the ones this ledger's projectors
 registered (docs/security.md); an operator event signed with a key id it does not know halts
 that partition until the key is deployed.
@@ -62,7 +63,8 @@ async def _run(status_every: float, health_host: str, health_port: int | None) -
     "--health-port",
     type=click.IntRange(0, 65535),
     default=None,
-    help="Serve /healthz, /readyz (503 while a partition is halted) and /metrics on this port "
+    help="Serve /healthz, /readyz (503 while a partition is halted or its owner stopped renewing "
+    "its lease) and /metrics on this port "
     "[default: not served].",
 )
 @click.option("--health-host", default="127.0.0.1", show_default=True, help="Address for them.")

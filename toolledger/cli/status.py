@@ -2,13 +2,14 @@
 
 `toolledger dev status` says what runs on a developer's machine; this says how the ledger the
 `TOOLLEDGER_*` settings name is doing, wherever it runs: each partition of the events topic with
-the projector that owns it, its leader, how far it is projected against the log's end (the
-lag), whether it is halted and why, and how many runs are paused (and how many of those their
-resume hook could not resume). It reads PostgreSQL and Kafka only
+the projector that owns it, when that owner last renewed its lease, its leader, how far it is
+projected against the log's end (the lag), whether it is halted and why, and how many runs are
+paused (and how many of those their resume hook could not resume). It reads PostgreSQL and Kafka only
 (`toolledger.projections.deployment`), so it answers while projectors are down too.
 
 Exit status (docs/architecture.md, "Errors and exit statuses"): 0 when nothing needs anyone,
-1 when something does (a partition without an owner, a halted one, a run not resumed: each is
+1 when something does (a partition without an owner, one whose owner stopped renewing its
+lease, a halted one, a run not resumed: each is
 listed), 2 for a bad setting, 3 when PostgreSQL or Kafka does not answer, 4 when the events
 topic is missing. `--json` prints the same for scripts.
 """
@@ -63,17 +64,21 @@ async def _read() -> DeploymentStatus:
 
 def _table(status: DeploymentStatus) -> Table:
     table = Table(title=f"{status.topic} (ledger schema {status.schema})")
-    for column in ("partition", "owner", "leader", "projected to", "log end", "lag", "state"):
+    columns = ("partition", "owner", "lease", "leader", "projected to", "log end", "lag", "state")
+    for column in columns:
         table.add_column(column, justify="right" if column in ("partition", "lag") else "left")
     for p in status.partitions:
         state = "ok"
         if p.halted is not None:
             state = f"[red]HALTED[/red]: {p.halted}"
+        elif p.lease is not None and p.lease.stale:
+            state = "[red]STALE LEASE[/red]: its owner stopped renewing"
         elif p.owner is None:
             state = "[yellow]no owner[/yellow]"
         table.add_row(
             str(p.partition),
             p.owner or "-",
+            "-" if p.lease is None else f"renewed {p.lease.age_s:.1f}s ago ({p.lease.lease_s:g}s)",
             p.leader or "-",
             "-" if p.next_offset is None else str(p.next_offset),
             "?" if p.end_offset is None else str(p.end_offset),

@@ -78,6 +78,8 @@ class DrillConfig:
     poison: int = 3
     projector_kill_every: float = 8.0
     zombie_every: float = 30.0
+    #: The projectors' lease (`TOOLLEDGER_OWNER_LEASE_S`): what frees a zombie's partitions.
+    owner_lease_s: float = 3.0
     reconciler_kill_every: float = 30.0
     listen_kill_every: float = 5.0
     postgres_restarts: int = 0
@@ -206,6 +208,7 @@ class _Drill:
             "TOOLLEDGER_PARTITIONS": str(config.partitions),
             "TOOLLEDGER_VERIFY_KEYS": self.signer.public_setting(),
             "TOOLLEDGER_LEADER": config.leader,
+            "TOOLLEDGER_OWNER_LEASE_S": str(config.owner_lease_s),
             BILLING_ENV: str(home / "billing.db"),
         }
         self.report = DrillReport(config, home, self.schema, self.prefix)
@@ -242,6 +245,7 @@ class _Drill:
                     "0.2",
                 ],
                 postgres=self.services.postgres,
+                owner_lease_s=self.config.owner_lease_s,
             )
             service = OperatorService(stack.reads, stack.commands, signing_keys=(self.signer,))
             operator = DrillOperator(service, db, billing)

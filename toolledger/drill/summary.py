@@ -47,7 +47,13 @@ def drill_table(report: DrillReport) -> Table:
     leaders = " and leader" if c.leader == "auto" else ""
     for where in ("between batches", "inside a batch"):
         table.add_row(f"projector{leaders} kills, {where}", str(ch.projector_kills[where]))
-    table.add_row(f"zombie projectors{leaders}s (frozen, sessions ended, resumed)", str(ch.zombies))
+    table.add_row(
+        f"zombie projectors{leaders}s (frozen until their lease ran out, resumed)", str(ch.zombies)
+    )
+    table.add_row(
+        f"  freeze to takeover (lease {c.owner_lease_s:g} s), p50 / max",
+        takeover_times(ch.takeovers),
+    )
     table.add_row("reconciler kills", str(ch.reconciler_kills))
     table.add_row("LISTEN sessions killed", str(ch.listen_kills))
     if c.postgres_restarts:
@@ -84,6 +90,13 @@ def drill_table(report: DrillReport) -> Table:
     )
     table.add_row("duration", f"{report.duration:.0f} s")
     return table
+
+
+def takeover_times(seconds: list[float]) -> str:
+    """The median and the longest time from a zombie's freeze to its partitions' takeover."""
+    if not seconds:
+        return "-"
+    return f"{statistics.median(seconds):.2f} s / {max(seconds):.2f} s"
 
 
 def checks_table(report: DrillReport) -> Table:

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from toolledger.projections.leases import PartitionLease, read_leases
 from toolledger.projections.ownership import lock_class
 
 if TYPE_CHECKING:
@@ -61,6 +62,8 @@ class PartitionStatus:
     leader: str | None
     #: Why its owner stopped folding it, and what to deploy (None: not halted).
     halted: str | None
+    #: Its owner's lease: who renewed it and how long ago (None: no owner ever recorded one).
+    lease: PartitionLease | None = None
 
     @property
     def lag(self) -> int | None:
@@ -73,7 +76,10 @@ class PartitionStatus:
     def problems(self) -> list[str]:
         """What an operator must act on, one sentence each (empty: nothing)."""
         found = []
-        if self.owner is None:
+        lease_problem = None if self.lease is None else self.lease.problem()
+        if lease_problem is not None:
+            found.append(lease_problem)
+        elif self.owner is None:
             found.append(f"partition {self.partition} has no projector: start one")
         if self.halted is not None:
             found.append(f"partition {self.partition} is halted: {self.halted}")
@@ -107,6 +113,8 @@ class DeploymentStatus:
         shown = asdict(self)
         for row, partition in zip(shown["partitions"], self.partitions, strict=True):
             row["lag"] = partition.lag
+        if partition.lease is not None:
+            row["lease"]["stale"] = partition.lease.stale
             row["problems"] = partition.problems
         shown["problems"] = self.problems
         return shown
@@ -134,6 +142,7 @@ async def read_status(
         int(r["partition"]): owner_name(str(r["application_name"]), r["backend"], r["client"])
         for r in await conn.fetch(_OWNERS, lock_class(schema))
     }
+    leases = {lease.partition: lease for lease in await read_leases(conn)}
     ends = end_offsets or {}
     partitions = [
         PartitionStatus(
@@ -143,6 +152,7 @@ async def read_status(
             owner=owners.get(p),
             leader=None if p not in rows else rows[p]["leader_address"],
             halted=None if p not in rows else rows[p]["halted"],
+            lease=leases.get(p),
         )
         for p in range(count)
     ]

@@ -32,6 +32,7 @@ from toolledger.events.records import CallRecord, RunRecord
 from toolledger.events.signing import VerifyKeys
 from toolledger.port import CallQuery, runs_of_key
 from toolledger.projections.barrier import UNBOUND, ReadBarrier
+from toolledger.projections.leases import PartitionLease
 from toolledger.projections.store import CallStats, LedgerStore, PartitionState, StatusCounts
 
 log = logging.getLogger("toolledger.reads")
@@ -68,6 +69,8 @@ class LedgerReads(Protocol):
     async def registered_keys(self) -> VerifyKeys: ...
 
     async def partition_state(self, partition: int) -> PartitionState | None: ...
+
+    async def partition_leases(self) -> list[PartitionLease]: ...
 
 
 class KeyVouchers(Protocol):
@@ -156,3 +159,7 @@ class FreshReads:
 
     async def partition_state(self, partition: int) -> PartitionState | None:
         return await self.store.partition_state(partition)
+
+    async def partition_leases(self) -> list[PartitionLease]:
+        """Who holds each partition and when it last renewed: the present, not the log's."""
+        return await self.store.partition_leases()

@@ -10,6 +10,9 @@ places, all read from here:
 - `/readyz` (`problems`: 503 while any partition it projects is halted, with the reason);
 - Prometheus gauges, per partition (`PARTITION_HALTED`, `PARTITION_LAG`), refreshed by
   `ProjectorHealth.refresh`;
+- beside them, every partition's lease (`toolledger.projections.leases`), read from PostgreSQL
+  when asked (`ProjectorHealth.leases`): `/readyz` is 503 while an owner has stopped renewing,
+  and `PARTITION_LEASE_AGE` and `PARTITION_LEASE_STALE` say which and since when;
 - a banner in the console (`banner`).
 
 Each names the partition, the offset it stopped at and what to deploy: the projector's reason
@@ -35,6 +38,7 @@ from prometheus_client import Gauge
 
 from toolledger.events.log import EventLog, LogError
 from toolledger.projections.dberrors import database_errors
+from toolledger.projections.leases import PartitionLease
 from toolledger.projections.projector import Projector
 
 log = logging.getLogger("toolledger.projector")
@@ -49,6 +53,19 @@ PARTITION_LAG = Gauge(
     "toolledger_projector_partition_lag_records",
     "Records of the events topic this process's projector has not folded yet, per owned "
     "partition (the log's end offset minus the projector's next offset).",
+    ["partition"],
+)
+
+PARTITION_LEASE_AGE = Gauge(
+    "toolledger_partition_lease_age_seconds",
+    "Seconds since the partition's owner last renewed its lease (PostgreSQL's clock), for "
+    "every partition an owner ever renewed, whichever process owns it.",
+    ["partition"],
+)
+PARTITION_LEASE_STALE = Gauge(
+    "toolledger_partition_lease_stale",
+    "1 while the partition's owner has not renewed its lease for half of it or more (stalled, "
+    "frozen or gone; nothing is projected there until another projector takes it), else 0.",
     ["partition"],
 )
 
@@ -82,6 +99,13 @@ def problems(projector: Projector) -> list[str]:
     ]
 
 
+def update_lease_gauges(leases: list[PartitionLease]) -> None:
+    """Set the lease gauges from `leases` (read just before: the age is of that moment)."""
+    for lease in leases:
+        PARTITION_LEASE_AGE.labels(str(lease.partition)).set(round(lease.age_s, 3))
+        PARTITION_LEASE_STALE.labels(str(lease.partition)).set(1 if lease.stale else 0)
+
+
 def lag_checks(health: ProjectorHealth) -> dict[str, str]:
     """The lag per partition as `/readyz` reports it beside its other checks."""
     return {f"lag_partition_{p}": str(n) for p, n in health.lag().items()}
@@ -107,6 +131,15 @@ class ProjectorHealth:
             for partition, offset in sorted(self.projector.owned.items())
             if partition in self._ends
         }
+
+    async def leases(self) -> list[PartitionLease]:
+        """Every partition's lease as PostgreSQL holds it now, the gauges set from it; none
+        if PostgreSQL does not answer (the projector reports that itself)."""
+        leases: list[PartitionLease] = []
+        with contextlib.suppress(*database_errors()):
+            leases = await self.projector.store.partition_leases()
+        update_lease_gauges(leases)
+        return leases
 
     async def refresh(self) -> None:
         """Read the end offsets once and set the gauges; a broker that does not answer leaves the

@@ -1,9 +1,10 @@
 """`toolledger projector --health-port`: `/readyz`, `/healthz` and `/metrics` of a projector
 that runs alone, without the operator API (`toolledger server` serves them from the API).
 
-A projector process is a server role, and a halted partition must show in the `/readyz` of any
-process that projects (`toolledger.projections.health`), so an orchestrator's readiness probe
-and Prometheus can see it without reading logs. The base install has no web framework, and these
+A projector process is a server role, and a halted partition, or one whose owner stopped
+renewing its lease, must show in the `/readyz` of any process that projects
+(`toolledger.projections.health`), so an orchestrator's readiness probe and Prometheus can see
+it without reading logs. The base install has no web framework, and these
 three read-only answers do not need one: this is a few lines of HTTP/1.1 on asyncio streams,
 one request per connection.
 
@@ -21,6 +22,7 @@ import json
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from toolledger.projections.health import ProjectorHealth, lag_checks, problems
+from toolledger.projections.leases import lease_checks, lease_problems
 
 #: Longest request line and headers read before the connection is dropped.
 _MAX_REQUEST_BYTES = 8192
@@ -42,14 +44,16 @@ class HealthServer:
             self._server.close()
             await self._server.wait_closed()
 
-    def readiness(self) -> tuple[int, bytes, str]:
-        trouble = problems(self.health.projector)
+    async def readiness(self) -> tuple[int, bytes, str]:
+        leases = await self.health.leases()
+        trouble = problems(self.health.projector) + lease_problems(leases)
         if self.task.done():
             trouble.insert(0, "this process's projector stopped")
         if trouble:
             body = {"error": {"code": "not_ready", "message": "; ".join(trouble)}}
             return 503, json.dumps(body).encode(), "application/json"
-        ready = {"status": "ready", "checks": lag_checks(self.health)}
+        checks = {**lag_checks(self.health), **lease_checks(leases)}
+        ready = {"status": "ready", "checks": checks}
         return 200, json.dumps(ready).encode(), "application/json"
 
     async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -65,9 +69,10 @@ class HealthServer:
         elif path == "/healthz":
             status, body, kind = 200, b'{"status": "ok"}', "application/json"
         elif path == "/readyz":
-            status, body, kind = self.readiness()
+            status, body, kind = await self.readiness()
         elif path == "/metrics":
             self.health.update_gauges()
+            await self.health.leases()
             status, body, kind = 200, generate_latest(REGISTRY), CONTENT_TYPE_LATEST
         else:
             status, body, kind = 404, b"/healthz, /readyz or /metrics\n", "text/plain"

@@ -13,22 +13,57 @@ lock (its class is the schema's member class, its key the backend pid), counts t
 divided by the members, rounded up) and releases the ones above it, so a process that joins gets
 its share within two rounds and a dead one's partitions go to the survivors.
 
-Locks are an optimisation for liveness, not the safety fence: a zombie that still believes it
-holds a partition is stopped by the offset compare-and-set in `LedgerStore.apply_batch`.
+**The owner's lease.** A process can stop without dying (SIGSTOP, a paused VM, an event loop
+blocked in a long call), and a session's advisory locks live as long as the session: its
+partitions would get no projection and no verdicts until someone ended its sessions by hand. So
+the locks live on a `LeaseSession` (`toolledger.projections.lease_session`), which PostgreSQL
+ends once the process has not renewed it for `TOOLLEDGER_OWNER_LEASE_S`. The renewal, from a
+task of its own every quarter of the lease, also records in `projection_leases` which process
+owns each partition and when it last renewed, for operators (`toolledger.projections.leases`).
+An event loop that does not turn at all is exactly a hung owner, and loses its lease as one.
+
+The owner stops trusting its lease before PostgreSQL can end it: `holds(partition)` is true only
+while the session is trusted (it answered within the last 80% of the lease). The leader answers
+for a partition only while its process holds it, and the projector writes a batch only once
+`confirmed` says so: after a stall it asks the session once and, finding it gone, stands down
+before writing anything.
+
+Locks and leases are an optimisation for liveness, not the safety fence: a zombie that still
+believes it holds a partition is stopped by the offset compare-and-set in
+`LedgerStore.apply_batch`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
 import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from toolledger.projections.dberrors import database_errors
+from toolledger.projections.lease_session import LeaseSession, session_name
 
 if TYPE_CHECKING:
     import asyncpg
+
+#: Seconds of `TOOLLEDGER_OWNER_LEASE_S` unless configured.
+DEFAULT_LEASE_S = 10.0
+
+_TRY_LOCKS = "SELECT p, pg_try_advisory_lock($1::int4, p) AS ok FROM unnest($2::int4[]) AS p"
+_TRY_LOCK = "SELECT pg_try_advisory_lock($1::int4, $2::int4)"
+_UNLOCK = "SELECT pg_advisory_unlock($1::int4, $2::int4)"
+_PING = "SELECT 1"
+_RENEW = (
+    "INSERT INTO projection_leases (partition, owner, lease_s, renewed_at) "
+    "SELECT p, $1, $2, now() FROM unnest($3::int4[]) AS p ON CONFLICT (partition) DO UPDATE "
+    "SET owner = excluded.owner, lease_s = excluded.lease_s, renewed_at = excluded.renewed_at"
+)
+_RELEASE = (
+    "UPDATE projection_leases SET owner = NULL WHERE partition = ANY($1::int4[]) AND owner = $2"
+)
 
 
 class PartitionLocks(ABC):
@@ -44,6 +79,15 @@ class PartitionLocks(ABC):
 
     @abstractmethod
     def held(self) -> set[int]: ...
+
+    def holds(self, partition: int) -> bool:
+        """Whether this process may act as `partition`'s owner now, without asking anyone."""
+        return partition in self.held()
+
+    async def confirmed(self, partition: int) -> bool:
+        """Whether this process still owns `partition`, asking its lock's session if need be
+        (the last check before a batch is written)."""
+        return self.holds(partition)
 
     @abstractmethod
     async def close(self) -> None:
@@ -68,30 +112,51 @@ _MEMBERS = (
 
 
 class PostgresPartitionLocks(PartitionLocks):
-    """Advisory locks `(lock_class(schema), partition)` on one dedicated session."""
+    """Advisory locks `(lock_class(schema), partition)` on one `LeaseSession`, held under a
+    lease of `lease_s` seconds (see the module)."""
 
-    def __init__(self, dsn: str, schema: str, *, share: bool = False) -> None:
-        self._dsn = dsn
+    def __init__(
+        self, dsn: str, schema: str, *, share: bool = False, lease_s: float = DEFAULT_LEASE_S
+    ) -> None:
         self._class = lock_class(schema)
         self._members = member_class(schema)
         self._share = share
-        self._conn: asyncpg.Connection | None = None
+        #: Who renews, as `projection_leases.owner` shows it.
+        self.owner = f"{socket.gethostname()} pid {os.getpid()}"
         self._held: set[int] = set()
+        #: The session was lost while holding partitions, and `check` has not said so yet.
+        self._lost = False
+        statements = [_TRY_LOCKS, _PING, _RELEASE]
+        if share:
+            statements += [_MEMBERS, _TRY_LOCK, _UNLOCK]
+        self._session = LeaseSession(
+            dsn,
+            schema,
+            lease_s,
+            statements,
+            name=session_name("locks"),
+            renewal=(_RENEW, lambda: (self.owner, lease_s, sorted(self._held))),
+            gone=self._gone,
+            opened=self._join if share else None,
+        )
 
-    async def _connection(self) -> asyncpg.Connection:
-        if self._conn is None or self._conn.is_closed():
-            self._held.clear()
-            import asyncpg  # the driver loads only where PostgreSQL is used
+    @property
+    def lease_s(self) -> float:
+        return self._session.lease_s
 
-            conn = await asyncpg.connect(
-                self._dsn, server_settings={"application_name": f"toolledger-locks-{os.getpid()}"}
-            )
-            if self._share:
-                await conn.execute(
-                    "SELECT pg_advisory_lock($1::int4, pg_backend_pid())", self._members
-                )
-            self._conn = conn
-        return self._conn
+    def _gone(self) -> None:
+        """The session is gone or going: so are its locks."""
+        if self._held:
+            self._lost = True
+        self._held.clear()
+
+    async def _join(self, conn: asyncpg.Connection) -> None:
+        """Count this process among those sharing the partitions, for as long as its session."""
+        await conn.execute("SELECT pg_advisory_lock($1::int4, pg_backend_pid())", self._members)
+
+    async def renew(self) -> None:
+        """Renew the lease now (the renewal task does every quarter of it)."""
+        await self._session.renew()
 
     async def acquire(self, partitions: Iterable[int]) -> set[int]:
         if self._share:
@@ -99,27 +164,22 @@ class PostgresPartitionLocks(PartitionLocks):
         wanted = sorted(set(partitions) - self._held)
         if not wanted:
             return set()
-        conn = await self._connection()
-        rows = await conn.fetch(
-            "SELECT p, pg_try_advisory_lock($1::int4, p) AS ok FROM unnest($2::int4[]) AS p",
-            self._class,
-            wanted,
-        )
+        rows = await self._session.run(_TRY_LOCKS, self._class, wanted)
         taken = {int(r["p"]) for r in rows if r["ok"]}
         self._held |= taken
+        await self._record(taken)
         return taken
 
     async def _acquire_share(self, partitions: list[int]) -> set[int]:
         """Take free partitions up to this process's share; release those above it."""
-        conn = await self._connection()
-        members = max(1, int(await conn.fetchval(_MEMBERS, self._members)))
+        members = max(1, int(await self._session.value(_MEMBERS, self._members)))
         share = -(-len(partitions) // members)
         if len(self._held) > share:
-            for partition in sorted(self._held)[share:]:
-                await conn.fetchval(
-                    "SELECT pg_advisory_unlock($1::int4, $2::int4)", self._class, partition
-                )
+            released = sorted(self._held)[share:]
+            for partition in released:
+                await self._session.value(_UNLOCK, self._class, partition)
                 self._held.discard(partition)
+            await self._session.run(_RELEASE, released, self.owner)
             return set()
         taken: set[int] = set()
         # Start at a different partition in each process, so joiners do not all race for one.
@@ -129,45 +189,47 @@ class PostgresPartitionLocks(PartitionLocks):
                 break
             if partition in self._held:
                 continue
-            if await conn.fetchval(
-                "SELECT pg_try_advisory_lock($1::int4, $2::int4)", self._class, partition
-            ):
+            if await self._session.value(_TRY_LOCK, self._class, partition):
                 self._held.add(partition)
                 taken.add(partition)
+        await self._record(taken)
         return taken
 
+    async def _record(self, taken: set[int]) -> None:
+        """Show the partitions just taken as renewed by this process, before the next renewal."""
+        if taken:
+            await self._session.run(_RENEW, self.owner, self.lease_s, sorted(taken))
+
     async def check(self) -> bool:
-        if not self._held:
-            return True
-        try:
-            conn = await self._connection()
-            if not self._held:  # the connection was replaced: the old session's locks are gone
-                return False
-            await conn.fetchval("SELECT 1")
-        except database_errors():
-            self._held.clear()
-            await self._drop()
-            return False
-        return True
+        if self._held and not self._lost:
+            with contextlib.suppress(*database_errors()):
+                await self._session.run(_PING)
+        lost, self._lost = self._lost, False
+        return not lost
 
     def held(self) -> set[int]:
         return set(self._held)
 
-    async def _drop(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None and not conn.is_closed():
-            conn.terminate()
+    def holds(self, partition: int) -> bool:
+        """Held, and the session trusted (it answered within most of the lease)."""
+        return partition in self._held and self._session.trusted()
+
+    async def confirmed(self, partition: int) -> bool:
+        """At once while `holds`; after a longer silence, once the session answers again
+        (False: it is gone, its partitions free for others)."""
+        if self.holds(partition):
+            return True
+        if partition in self._held:
+            with contextlib.suppress(*database_errors()):
+                await self._session.run(_PING, connect=False)
+        return self.holds(partition)
 
     async def close(self) -> None:
+        """Release every lock (the lease rows keep when each partition was last renewed)."""
+        held = sorted(self._held)
         self._held.clear()
-        conn, self._conn = self._conn, None
-        if conn is not None and not conn.is_closed():
-            try:
-                await conn.close(timeout=2)
-            except database_errors():
-                conn.terminate()
-            except TimeoutError:
-                conn.terminate()
+        self._lost = False
+        await self._session.close((_RELEASE, (held, self.owner)) if held else None)
 
 
 class MemoryPartitionLocks(PartitionLocks):

@@ -63,6 +63,7 @@ from toolledger.projections.batch_sql import (
 )
 from toolledger.projections.facts import Fact
 from toolledger.projections.gc_pause import gc_paused
+from toolledger.projections.leases import PartitionLease, read_leases
 from toolledger.projections.listening import channel_for
 from toolledger.projections.migrations import check_schema_name, migrate, quote_ident
 from toolledger.projections.store import (
@@ -554,6 +555,10 @@ class PostgresLedger(LedgerStore):
     async def partition_state(self, partition: int) -> PartitionState | None:
         row = await self._db.fetchrow(f"{_STATES} WHERE partition = $1", partition)
         return None if row is None else _state(row)
+
+    async def partition_leases(self) -> list[PartitionLease]:
+        async with self._db.acquire() as conn:
+            return await read_leases(conn)
 
     async def apply_written(
         self,

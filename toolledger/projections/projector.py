@@ -5,7 +5,9 @@ get, checks the log identity (epoch marker at offset 0, partition count) against
 recorded, and seeks each to the next offset stored in PostgreSQL. Every fetch is applied per
 partition in one `apply_batch` transaction (records, history, verdicts, next offset by
 compare-and-set). If the compare-and-set misses, another process owns the partition now: the
-batch rolled back and the projector lets the partition go.
+batch rolled back and the projector lets the partition go. Before writing it confirms its lease
+on the partition (`PartitionLocks.confirmed`, free while the lease is fresh), so a process that
+stalled past its lease stands down without writing; the compare-and-set stays the fence.
 
 Unreadable records: an unknown schema fingerprint halts the partition (a newer writer is ahead
 of this reader; folding around it would skip an event of some run). So does an operator event
@@ -575,6 +577,9 @@ class Projector:
                 partition, batch.items, batch.next_offset, batch.halted is not None
             )
         if batch.next_offset > start:
+            if not await self.locks.confirmed(partition):
+                self._lease_lapsed(partition)
+                return 0
             await self._publish_dead(partition, batch.dead)
             try:
                 with BatchSpans(self.log.topic, partition, batch.items) as spans:
@@ -607,6 +612,15 @@ class Projector:
             self.stats.halted[partition] = batch.halted
             await self._assign()
         return len(verdicts)
+
+    def _lease_lapsed(self, partition: int) -> None:
+        """This process stalled past its lease and its lock session is gone: the partition is
+        someone else's, so the batch is not written (`PartitionLocks.confirmed`)."""
+        log.warning("partition %d: the lease lapsed, its lock is gone; not writing", partition)
+        self._owned.pop(partition, None)
+        self._held.pop(partition, None)
+        self._released({partition})
+        self._next_ownership = 0.0
 
     def _released(self, partitions: set[int]) -> None:
         if self.follower is not None:

@@ -30,6 +30,7 @@ from toolledger.events.records import UNSETTLED, CallRecord, RunRecord, Verdict
 from toolledger.events.signing import VerifyKeys
 from toolledger.port import CallQuery
 from toolledger.projections.facts import Fact
+from toolledger.projections.leases import PartitionLease
 
 
 class StoreError(ToolLedgerError):
@@ -183,6 +184,12 @@ class LedgerStore(ABC):
 
     @abstractmethod
     async def partition_state(self, partition: int) -> PartitionState | None: ...
+
+    async def partition_leases(self) -> list[PartitionLease]:
+        """Every owned partition's lease: its owner and the seconds since it last renewed
+        (`toolledger.projections.leases`). None here: where one process projects everything
+        (the embedded ledger), a stalled owner is a stalled process."""
+        return []
 
     async def apply_batch(
         self,

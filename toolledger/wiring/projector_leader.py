@@ -15,6 +15,7 @@ the port append what a runtime may append, for any run, hence the warning's word
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from toolledger.events.log import EventLog
 from toolledger.events.signing import VerifyKeys
@@ -27,9 +28,10 @@ log = logging.getLogger("toolledger.leader")
 
 
 async def start_leader(
-    settings: Settings, events: EventLog, keys: VerifyKeys
+    settings: Settings, events: EventLog, keys: VerifyKeys, owns: Callable[[int], bool]
 ) -> LeaderServer | None:
-    """The leader of a projector process, listening; None with `TOOLLEDGER_LEADER_LISTEN=off`."""
+    """The leader of a projector process, listening; None with `TOOLLEDGER_LEADER_LISTEN=off`.
+    It answers for a partition only while `owns` says so (`PartitionLocks.holds`: the lease)."""
     if settings.leader_listen == "off":
         return None
     if not isinstance(settings, ProjectorSettings):  # its TLS settings are the projector's own
@@ -52,6 +54,7 @@ async def start_leader(
         max_body=settings.max_record_bytes + 64 * 1024,
         tls=tls,
         advertise=settings.leader_advertise,
+        owns=owns,
     )
     await server.start()
     warning = exposure_warning(

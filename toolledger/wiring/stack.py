@@ -251,17 +251,19 @@ class LedgerStack:
                 start_leader,  # only where a projector runs
             )
 
-            leader = await start_leader(settings, events, verify_keys)
+            locks = PostgresPartitionLocks(
+                database_url,
+                settings.schema_name,
+                share=settings.projector_ownership == "share",
+                lease_s=settings.owner_lease_s,
+            )
+            leader = await start_leader(settings, events, verify_keys, locks.holds)
             if leader is not None:
                 opened.append(leader.close)
             projector = Projector(
                 events,
                 store,
-                PostgresPartitionLocks(
-                    database_url,
-                    settings.schema_name,
-                    share=settings.projector_ownership == "share",
-                ),
+                locks,
                 dlq=dlq,
                 facts=FactsPublisher(facts),
                 batch_size=settings.batch_size,

@@ -7,7 +7,9 @@ leader (`PartitionFollower`), which then keeps that partition's fold in memory
 length-prefixed frames (`toolledger.leader.runtime_side.frames`), and `READ_INDEX`: where its
 memory ends (the read barrier's read index).
 A request for a partition it does not lead is answered `NOT_LEADER`, with the registered
-leader when it knows one. Ownership stays PostgreSQL's locks, order and durability Kafka's.
+leader when it knows one; so is one while this process cannot vouch for its lease on the
+partition (`owns`: after a stall, until PostgreSQL confirms it; `toolledger.projections.ownership`).
+Ownership stays PostgreSQL's locks, order and durability Kafka's.
 
 What a runtime may append is all it accepts: reservations, a runtime's own outcomes, abandons
 and run events. An operator decision, a reconcile finding or a compensation outcome is
@@ -75,6 +77,7 @@ class LeaderServer(PartitionFollower):
         max_body: int = DEFAULT_MAX_BODY,
         tls: ssl.SSLContext | None = None,
         advertise: str | None = None,
+        owns: Callable[[int], bool] | None = None,
     ) -> None:
         self.events = events
         self.reads = reads
@@ -94,6 +97,8 @@ class LeaderServer(PartitionFollower):
         self._advertise = advertise
         self._closed = False
         self._wake: Callable[[int], None] | None = None
+        #: Whether this process's lease on a partition is current (`PartitionLocks.holds`).
+        self._owns = owns
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(
@@ -387,8 +392,13 @@ class LeaderServer(PartitionFollower):
         return record
 
     def _leading(self, partition: int) -> PartitionAppender | None:
+        """The partition's appender while this process leads it: taken, not superseded, and
+        its lease current, so a process that wakes from a stall past the lease answers nothing
+        until its projector has asked PostgreSQL whether it still owns the partition."""
         appender = self._led.get(partition)
         if appender is None or appender.state.superseded is not None:
+            return None
+        if self._owns is not None and not self._owns(partition):
             return None
         return appender
 
