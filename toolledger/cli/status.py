@@ -4,8 +4,8 @@
 `TOOLLEDGER_*` settings name is doing, wherever it runs: each partition of the events topic with
 the projector that owns it, when that owner last renewed its lease, its leader, how far it is
 projected against the log's end (the lag), whether it is halted and why, and how many runs are
-paused (and how many of those their resume hook could not resume). It reads PostgreSQL and Kafka only
-(`toolledger.projections.deployment`), so it answers while projectors are down too.
+paused (and how many of those their resume hook could not resume). It reads PostgreSQL and
+Kafka only (`toolledger.projections.deployment`), so it answers while projectors are down too.
 
 Exit status (docs/architecture.md, "Errors and exit statuses"): 0 when nothing needs anyone,
 1 when something does (a partition without an owner, one whose owner stopped renewing its
