@@ -20,9 +20,10 @@ Choices that follow from the design (docs/architecture.md, "The projector" and "
   tansu makes a record readable a few milliseconds after records appended after it by other
   producers (seen about once in 5,000 concurrent appends). A reader that went on past it would
   never see the record; the projector once folded a whole drill without one.
-- End offsets are never asked for (tansu's ListOffsets "latest" can be wrong), and a fetch past
-  the end of a partition may return nothing instead of an error, which is why log identity rests
-  on the epoch marker at offset 0 alone.
+- End offsets are never used for correctness (tansu's ListOffsets "latest" can be wrong), and a
+  fetch past the end of a partition may return nothing instead of an error, which is why log
+  identity rests on the epoch marker at offset 0 alone. A projector asks them of the partitions
+  it does not fetch, only to learn that there is something to fetch.
 - Metadata is asked for with automatic topic creation off, and appends and readers check the
   topic exists first: brokers create a missing topic on the first request that names it (tansu
   does, and so does Kafka by default), and such a topic would have no epoch markers.
@@ -257,12 +258,13 @@ class KafkaLog(EventLog):
     def reader(self) -> LogReader:
         return KafkaReader(self)
 
-    async def end_offsets(self) -> dict[int, int]:
-        partitions = await self.partition_count()
+    async def end_offsets(self, partitions: Collection[int] | None = None) -> dict[int, int]:
+        if partitions is None:
+            partitions = range(await self.partition_count())
         async with self._offsets_lock:  # two callers at once must not start two consumers
             if self._offsets is None:
                 self._offsets = await self._started_consumer("read the end offsets of")
-        wanted = [TopicPartition(self.topic, p) for p in range(partitions)]
+        wanted = [TopicPartition(self.topic, p) for p in partitions]
         try:
             ends = await self._offsets.end_offsets(wanted)
         except KafkaError as exc:

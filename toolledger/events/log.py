@@ -365,10 +365,12 @@ class EventLog(ABC):
     def reader(self) -> LogReader:
         """A new reader with no partitions assigned."""
 
-    async def end_offsets(self) -> dict[int, int]:
-        """Each partition's end offset (the next offset to be written), for showing lag only.
+    async def end_offsets(self, partitions: Collection[int] | None = None) -> dict[int, int]:
+        """Each partition's end offset (the next offset to be written), of `partitions` (None:
+        every one): for showing lag, and for a projector to learn whether a partition it
+        does not fetch has records it lacks ("The projector" in docs/architecture.md).
 
-        Never used for correctness (docs/architecture.md, "The projector"): some brokers report
-        it inexactly (tansu: the base offset of the last batch, plus one).
+        Never used for correctness: some brokers report it inexactly (tansu: the base offset of
+        the last batch, plus one), and a record it misses is found by a later check or a write.
         """
         raise NotImplementedError(f"{type(self).__name__} does not report end offsets")
