@@ -218,11 +218,11 @@ class Operator:
 
     async def approve(self, key: str, *, reason: str) -> CallRecord:
         """Let a call awaiting approval run (its run then makes it, once)."""
-        return await self.service.approve(self.who, key, reason=reason)
+        return await self.service.decide_approval("approve", self.who, key, reason=reason)
 
     async def reject(self, key: str, *, reason: str) -> CallRecord:
         """Refuse a call awaiting approval: failed, never attempted; the model hears `reason`."""
-        return await self.service.reject(self.who, key, reason=reason)
+        return await self.service.decide_approval("reject", self.who, key, reason=reason)
 
     async def compensate(self, key: str, *, reason: str) -> Compensation:
         """Undo a completed call by running its tool's compensation once (`<key>:compensate`);

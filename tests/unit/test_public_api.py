@@ -156,7 +156,6 @@ DOCUMENTED_MODULES = {
 
 RUNTIME_FROZEN = [
     "AgentConfig",
-    "CallPipeline",
     "CallQuery",
     "CallRecord",
     "FrameworkRuns",
@@ -185,9 +184,7 @@ RUNTIME_FROZEN = [
     "ToolOutcome",
     "ToolPolicy",
     "Toolset",
-    "call_identity",
     "call_label",
-    "drive_call",
     "resolve_command",
 ]
 

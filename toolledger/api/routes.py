@@ -32,7 +32,7 @@ from toolledger.api.schemas import (
     ToolExecutionDetail,
     ToolExecutionPage,
 )
-from toolledger.api.service import MAX_PAGE
+from toolledger.api.service import MAX_PAGE, Approval
 from toolledger.events.records import CallStatus
 
 STATUSES: tuple[CallStatus, ...] = get_args(CallStatus)
@@ -173,36 +173,35 @@ async def resolve_tool_execution(
     return ToolExecution.of(record)
 
 
-@router.post(
-    "/{key:path}/approve",
-    response_model=ToolExecution,
-    responses=_DECIDE,
-    dependencies=[_only()],
-)
-async def approve_tool_execution(
-    token: Acting, context: Context, key: AwaitingKey, body: DecisionRequest
-) -> ToolExecution:
-    """Let a call that awaits approval run; its run's driver then reserves it again."""
-    record = await context.service.approve(
-        operator_of(token), key, reason=body.reason, expected_version=body.expected_version
-    )
-    return ToolExecution.of(record)
+def _approval_route(decision: Approval, summary: str) -> None:
+    """Register `POST /<key>/<decision>`: approving and rejecting differ by the decision only."""
+
+    async def route(
+        token: Acting, context: Context, key: AwaitingKey, body: DecisionRequest
+    ) -> ToolExecution:
+        record = await context.service.decide_approval(
+            decision,
+            operator_of(token),
+            key,
+            reason=body.reason,
+            expected_version=body.expected_version,
+        )
+        return ToolExecution.of(record)
+
+    route.__name__ = route.__qualname__ = f"{decision}_tool_execution"
+    route.__doc__ = summary
+    router.post(
+        f"/{{key:path}}/{decision}",
+        response_model=ToolExecution,
+        responses=_DECIDE,
+        dependencies=[_only()],
+    )(route)
 
 
-@router.post(
-    "/{key:path}/reject",
-    response_model=ToolExecution,
-    responses=_DECIDE,
-    dependencies=[_only()],
+_approval_route(
+    "approve", "Let a call that awaits approval run; its run's driver then reserves it again."
 )
-async def reject_tool_execution(
-    token: Acting, context: Context, key: AwaitingKey, body: DecisionRequest
-) -> ToolExecution:
-    """Refuse a call that awaits approval: it becomes failed, not attempted."""
-    record = await context.service.reject(
-        operator_of(token), key, reason=body.reason, expected_version=body.expected_version
-    )
-    return ToolExecution.of(record)
+_approval_route("reject", "Refuse a call that awaits approval: it becomes failed, not attempted.")
 
 
 @router.post(

@@ -62,6 +62,8 @@ from toolledger.projections.store import LedgerStore, StatusCounts
 
 COMPENSATE_SUFFIX = ":compensate"
 MAX_PAGE = 500
+#: An operator's decision on a call that awaits approval.
+Approval = Literal["approve", "reject"]
 
 _Op = TypeVar("_Op", bound=OperatorEvent)
 
@@ -289,27 +291,21 @@ class OperatorService:
                 await self._settle_compensated(original, settled)
         return settled
 
-    async def approve(
-        self, who: Operator, key: str, *, reason: str, expected_version: int | None = None
+    async def decide_approval(
+        self,
+        decision: Approval,
+        who: Operator,
+        key: str,
+        *,
+        reason: str,
+        expected_version: int | None = None,
     ) -> CallRecord:
-        """Let a call that awaits approval run (its driver then reserves it again)."""
+        """Let a call that awaits approval run (`approve`: its driver then reserves it again),
+        or refuse it (`reject`: it becomes failed, not attempted)."""
         reason = clean_reason(reason)
         record = await self.get(who, key)
-        event = CallApproved(
-            **self._envelope(record),
-            operator=who.operator,
-            reason=reason,
-            expected_version=self._expected(record, expected_version),
-        )
-        return await self._decide(self._signed(event))
-
-    async def reject(
-        self, who: Operator, key: str, *, reason: str, expected_version: int | None = None
-    ) -> CallRecord:
-        """Refuse a call that awaits approval: it becomes failed, not attempted."""
-        reason = clean_reason(reason)
-        record = await self.get(who, key)
-        event = CallRejected(
+        kind = CallApproved if decision == "approve" else CallRejected
+        event = kind(
             **self._envelope(record),
             operator=who.operator,
             reason=reason,

@@ -31,7 +31,7 @@ from toolledger.events.models import utcnow
 from toolledger.events.records import UNSETTLED, CallRecord, CallStatus
 
 if TYPE_CHECKING:
-    from toolledger.api.service import Operator, OperatorService
+    from toolledger.api.service import Approval, Operator, OperatorService
     from toolledger.settings import OperatorSettings
 
 # The operator service, the stack and FastAPI's app module are imported by the commands that
@@ -328,13 +328,7 @@ def approve_command(
     key: str, reason: str, expected_version: int | None, tenant: str | None, operator: str
 ) -> None:
     """Let KEY, which awaits approval, run (its run reserves it again)."""
-    record = _run(
-        (),
-        lambda service: service.approve(
-            _as(tenant, operator), key, reason=reason, expected_version=expected_version
-        ),
-    )
-    _console.print(f"[green]approved[/green]: {_summary(record)}")
+    _approval("approve", key, reason, expected_version, tenant, operator)
 
 
 @executions.command("reject")
@@ -347,13 +341,25 @@ def reject_command(
     key: str, reason: str, expected_version: int | None, tenant: str | None, operator: str
 ) -> None:
     """Refuse KEY, which awaits approval: it becomes failed, not attempted."""
+    _approval("reject", key, reason, expected_version, tenant, operator)
+
+
+def _approval(
+    decision: Approval,
+    key: str,
+    reason: str,
+    expected_version: int | None,
+    tenant: str | None,
+    operator: str,
+) -> None:
     record = _run(
         (),
-        lambda service: service.reject(
-            _as(tenant, operator), key, reason=reason, expected_version=expected_version
+        lambda service: service.decide_approval(
+            decision, _as(tenant, operator), key, reason=reason, expected_version=expected_version
         ),
     )
-    _console.print(f"[green]rejected[/green]: {_summary(record)}")
+    done = "approved" if decision == "approve" else "rejected"
+    _console.print(f"[green]{done}[/green]: {_summary(record)}")
 
 
 @executions.command("compensate")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, assert_never
 
 from toolledger.integrations._common import (
     AdapterOptions,
@@ -26,7 +26,9 @@ from toolledger.integrations._common import (
     rejected_text,
     result_text,
 )
-from toolledger.runtime import Heard, HeardStatus, Hold, Ledger, Tool, call_identity, drive_call
+from toolledger.runtime import Heard, HeardStatus, Hold, Ledger, Tool
+from toolledger.runtime.pipeline import identity
+from toolledger.runtime.policy import drive_call
 
 __all__ = ["Answer", "AnswerStatus", "Pause", "answer_json", "make_call"]
 
@@ -82,7 +84,7 @@ async def make_call(
 ) -> Answer | Pause:
     """Make one call, or say why the run must pause (`toolledger.runtime.policy` decides;
     this words it for the model)."""
-    who = call_identity(tool.name, key.run_id, key.tool_call_id, tenant_id)
+    who = identity(tool.name, key.run_id, key.tool_call_id, tenant_id)
     decided = await drive_call(ledger.pipeline, tool, who, arguments, options)
     if isinstance(decided, Hold):
         detail = pause_detail(decided.reason, tool.name, key.key, decided.waiting_on)
@@ -95,22 +97,25 @@ async def make_call(
 def _text(heard: Heard) -> str:
     """What the model reads about `heard`."""
     tool, key = heard.tool, heard.key
-    match heard.how, heard.status:
-        case "same_as", _:
+    match heard.told:
+        case "same_as":
             return duplicate_text(tool, heard.same_as or key, result_text(heard.result_json))
-        case "rejected", _:
+        case "rejected":
             return rejected_text(tool, heard.detail)
-        case "refused", _:
+        case "refused":
             return heard.detail or "the call was refused"
-        case _, "compensated":
+        case "compensated":
             return compensated_text(tool, heard.detail)
-        case _, "indeterminate":
+        case "indeterminate":
             return indeterminate_text(tool, key)
-        case _, "completed":
+        case "completed":
             return result_text(heard.result_json)
-        case "settled_elsewhere", _:
+        case "settled_elsewhere":
             return failed_text(tool, key, heard.detail, may_retry=False)
-    return failed_text(tool, key, heard.detail, may_retry=heard.not_attempted)
+        case "failed":
+            return failed_text(tool, key, heard.detail, may_retry=heard.not_attempted)
+        case unknown:
+            assert_never(unknown)
 
 
 def answer_json(answer: Answer) -> str:

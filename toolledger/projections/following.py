@@ -2,10 +2,13 @@
 
 The leader fast path (`toolledger.leader`) answers runtimes from a fold it keeps in memory,
 and that fold is only usable while it agrees with the projection this process commits: the
-leader must know when a partition is taken and at which offset, which records the projector is
-about to commit (so memory is never behind PostgreSQL), when they committed, and when the
-partition is gone. The projector calls these four methods and knows nothing else about leaders;
-without a follower it runs exactly as before.
+leader must know when a partition is taken and at which offset (`took`), which records the
+projector is about to commit (`folding`, so memory is never behind PostgreSQL), when they
+committed (`committed`), and when the partition is gone (`released`): every follower implements
+these four. Five more have defaults that change nothing: whether fetched records may linger
+before they commit (`lingers`), and the records handed over instead of fetched (`attach`,
+`carries`, `proven`, `decoder`, below). The projector calls these nine and knows nothing else
+about leaders; without a follower it runs exactly as before.
 
 The leader also hands the projector the records it appended and proved, with what its fold
 decided for each (`proven`, `Proven`), so the projector neither fetches back what this very

@@ -12,9 +12,11 @@ caller gets), `errors`;
 Everything the runtime reads and appends goes through `toolledger.port` (`RuntimePort`), a
 floor below this package with nothing of storage under it.
 
-The names below are the runtime's public surface: the framework adapters
-(`toolledger.integrations`) import these and nothing deeper, and `toolledger` re-exports the
-ones applications use. The list is frozen by tests/unit/test_public_api.py.
+The names below are the runtime's public surface: what the framework adapters
+(`toolledger.integrations`) may rely on, and `toolledger` re-exports the ones applications
+use; the list is frozen by tests/unit/test_public_api.py. Beyond them the adapters use one
+internal seam, named in tests/unit/test_layers.py: the call-policy layer (`policy.drive_call`,
+with `pipeline.identity` for the call it makes), which `AgentRun` shares.
 """
 
 from toolledger.errors import LedgerUnavailable
@@ -39,8 +41,6 @@ from toolledger.runtime.errors import (
 from toolledger.runtime.framework_runs import FrameworkRuns
 from toolledger.runtime.ledger import Ledger
 from toolledger.runtime.outcome import ToolOutcome
-from toolledger.runtime.pipeline import CallPipeline
-from toolledger.runtime.pipeline import identity as call_identity
 from toolledger.runtime.policy import (
     Heard,
     HeardHow,
@@ -48,13 +48,11 @@ from toolledger.runtime.policy import (
     Hold,
     HoldReason,
     OnUnknownOrRepeat,
-    drive_call,
 )
 from toolledger.runtime.tools import Tool, Toolset
 
 __all__ = [
     "AgentConfig",
-    "CallPipeline",
     "CallQuery",
     "CallRecord",
     "FrameworkRuns",
@@ -83,8 +81,6 @@ __all__ = [
     "ToolOutcome",
     "ToolPolicy",
     "Toolset",
-    "call_identity",
     "call_label",
-    "drive_call",
     "resolve_command",
 ]

@@ -24,13 +24,12 @@ alone: its driver records its own pauses.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
-from toolledger.events.models import Event, PauseReason, RunPaused, RunResumed
+from toolledger.events.models import PauseReason, RunEvent, RunPaused, RunResumed
 from toolledger.events.records import RunRecord
-from toolledger.runtime.errors import RunSuperseded
 from toolledger.runtime.ledger import Ledger
 from toolledger.runtime.pauses import PAUSED, wait_is_over
+from toolledger.runtime.run_events import RunEnvelope, append_run_event, run_envelope
 
 
 class FrameworkRuns:
@@ -69,14 +68,11 @@ class FrameworkRuns:
         call = await self.ledger.read_call(run.waiting_on) if run.waiting_on else None
         return wait_is_over(run, call)
 
-    async def _append(self, event: Event, run: RunRecord) -> RunRecord:
-        verdict = await self.ledger.port.append_and_await(event, self.ledger.verdict_timeout)
-        if not verdict.accepted:
-            # The run changed in a way a framework run cannot (it was started with
-            # checkpoints, or belongs to another tenant): the application's error, not ours.
-            raise RunSuperseded.of_run(
-                run.run_id, f"{event.type} was rejected ({verdict.reason}): {verdict.detail}"
-            )
+    async def _append(self, event: RunEvent, run: RunRecord) -> RunRecord:
+        # Rejected: the run changed in a way a framework run cannot (it was started with
+        # checkpoints, or belongs to another tenant): the application's error, not ours.
+        ledger = self.ledger
+        verdict = await append_run_event(ledger.port, event, ledger.verdict_timeout)
         return verdict.run if verdict.run is not None else run
 
     def _one_at_a_time(self, run_id: str) -> asyncio.Lock:
@@ -84,10 +80,5 @@ class FrameworkRuns:
         # another task waits on it would let a third task take a new one beside it.
         return self._locks.setdefault(run_id, asyncio.Lock())
 
-    def _envelope(self, run_id: str) -> dict[str, Any]:
-        return {
-            "key": run_id,
-            "run_id": run_id,
-            "tenant_id": self.tenant_id,
-            "occurred_at": self.ledger.clock(),
-        }
+    def _envelope(self, run_id: str) -> RunEnvelope:
+        return run_envelope(run_id, self.tenant_id, self.ledger.clock())

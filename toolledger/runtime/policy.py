@@ -55,6 +55,7 @@ __all__ = [
     "Heard",
     "HeardHow",
     "HeardStatus",
+    "HeardTold",
     "Hold",
     "HoldReason",
     "OnUnknownOrRepeat",
@@ -67,6 +68,19 @@ HeardStatus = Literal["completed", "failed", "indeterminate", "compensated"]
 #: or the call was refused before anything was reserved (bad arguments, a key conflict).
 HeardHow = Literal["called", "settled_elsewhere", "rejected", "same_as", "refused"]
 HoldReason = Literal["awaiting_reconciliation", "awaiting_approval", "duplicate_intent"]
+#: What the model is told, which each surface words its own way (`Heard.told`): a repeat
+#: answered by an earlier call, a call compensated, rejected or settled failed by someone else,
+#: refused before it was reserved, or the call's own end.
+HeardTold = Literal[
+    "same_as",
+    "compensated",
+    "rejected",
+    "settled_elsewhere",
+    "refused",
+    "completed",
+    "indeterminate",
+    "failed",
+]
 #: Who settles a call after it was unknown (its runtime never heard how it ended).
 _LATE_SETTLERS = ("operator", "reconcile")
 #: How many calls of a run with one tool the twin lookup reads.
@@ -101,6 +115,18 @@ class Heard:
     not_attempted: bool = False
     #: For `how == "same_as"`: the key of the earlier call whose answer this is.
     same_as: str | None = None
+
+    @property
+    def told(self) -> HeardTold:
+        """Which answer the model hears: a compensation whoever settled it, else how the call
+        was answered, and for a call made, how it ended."""
+        if self.status == "compensated":
+            return "compensated"
+        match self.how:
+            case "called":
+                return self.status
+            case "same_as" | "rejected" | "settled_elsewhere" | "refused":
+                return self.how
 
 
 @dataclass(frozen=True)

@@ -27,22 +27,23 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, assert_never
 
 from toolledger.events.models import (
-    Event,
     RunCheckpointed,
+    RunEvent,
     RunFinished,
     RunPaused,
     RunResumed,
     RunStarted,
 )
-from toolledger.events.records import RunRecord
+from toolledger.events.records import RunRecord, Verdict
 from toolledger.runtime.agents import AgentConfig
 from toolledger.runtime.errors import RunSuperseded
 from toolledger.runtime.ledger import Ledger
 from toolledger.runtime.pipeline import identity
 from toolledger.runtime.policy import Hold, drive_call
+from toolledger.runtime.run_events import RunEnvelope, append_run_event, run_envelope
 from toolledger.runtime.tools import Tool, Toolset
 
 Message = dict[str, Any]
@@ -218,31 +219,33 @@ class AgentRun:
         )
         if isinstance(decided, Hold):
             return _Pause(decided.reason, decided.waiting_on, decided.detail)
-        match decided.how, decided.status:
-            case "same_as", _:
+        match decided.told:
+            case "same_as":
                 self._answer(request, "completed", decided.result_json or "null", decided.same_as)
-            case _, "compensated":
+            case "compensated":
                 said = (
                     "the call took effect and was then compensated by an operator "
                     f"({decided.detail})"
                 )
                 self._answer(request, "compensated", json.dumps(said))
-            case "rejected", _:
+            case "rejected":
                 said = f"an operator rejected the call; it did not take effect ({decided.detail})"
                 self._answer(request, "failed", json.dumps(said))
-            case "settled_elsewhere", _:
+            case "settled_elsewhere":
                 said = f"the call did not take effect ({decided.detail})"
                 self._answer(request, "failed", json.dumps(said))
-            case "refused", _:
+            case "refused":
                 return self._error(request, decided.detail or "the call was refused")
-            case _, "completed":
+            case "completed":
                 self._answer(request, "completed", decided.result_json or "null")
-            case _, "indeterminate":
+            case "indeterminate":
                 if self.policy.on_error == "fail_run":
                     return _Fail(f"call {request.id} ({request.tool}): {decided.detail}")
                 self._answer(request, "indeterminate", json.dumps(decided.detail))
-            case _:
+            case "failed":
                 return self._error(request, f"the call failed: {decided.detail}")
+            case unknown:
+                assert_never(unknown)
         return None
 
     def _error(self, request: ToolCallRequest, detail: str) -> _Fail | None:
@@ -286,13 +289,8 @@ class AgentRun:
         answer = detail if outcome == "completed" else None
         return RunResult(self.run_id, outcome, self.transcript, answer, None, detail)
 
-    async def _append(self, event: Event) -> Any:
-        verdict = await self.port.append_and_await(event, self.ledger.verdict_timeout)
-        if not verdict.accepted:
-            raise RunSuperseded.of_run(
-                self.run_id, f"{event.type} was rejected ({verdict.reason}): {verdict.detail}"
-            )
-        return verdict
+    async def _append(self, event: RunEvent) -> Verdict:
+        return await append_run_event(self.port, event, self.ledger.verdict_timeout)
 
     async def _run_record(self) -> RunRecord:
         run = await self.port.read_run(self.run_id)
@@ -300,13 +298,8 @@ class AgentRun:
             raise RunSuperseded.of_run(self.run_id, "the ledger has no such run")
         return run
 
-    def _envelope(self) -> dict[str, Any]:
-        return {
-            "key": self.run_id,
-            "run_id": self.run_id,
-            "tenant_id": self.tenant_id,
-            "occurred_at": self.ledger.clock(),
-        }
+    def _envelope(self) -> RunEnvelope:
+        return run_envelope(self.run_id, self.tenant_id, self.ledger.clock())
 
 
 def _final(status: str) -> RunState:

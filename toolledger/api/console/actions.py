@@ -158,13 +158,9 @@ async def _apply(
                 expected_version=expected,
             )
             return record, None
-        case "approve":
-            return await service.approve(
-                signed.who, key, reason=reason, expected_version=expected
-            ), None
-        case "reject":
-            return await service.reject(
-                signed.who, key, reason=reason, expected_version=expected
+        case "approve" | "reject":
+            return await service.decide_approval(
+                decision, signed.who, key, reason=reason, expected_version=expected
             ), None
         case _:
             done: Compensation = await service.compensate(signed.who, key, reason=reason)
