@@ -5,10 +5,9 @@ and that fold is only usable while it agrees with the projection this process co
 leader must know when a partition is taken and at which offset (`took`), which records the
 projector is about to commit (`folding`, so memory is never behind PostgreSQL), when they
 committed (`committed`), and when the partition is gone (`released`): every follower implements
-these four. Five more have defaults that change nothing: whether fetched records may linger
-before they commit (`lingers`), and the records handed over instead of fetched (`attach`,
-`carries`, `proven`, `decoder`, below). The projector calls these nine and knows nothing else
-about leaders; without a follower it runs exactly as before.
+these four. Four more have defaults that change nothing: the records handed over instead of
+fetched (`attach`, `carries`, `covered`, `proven`, below). The projector calls these eight and
+knows nothing else about leaders; without a follower it runs exactly as before.
 
 The leader also hands the projector the records it appended and proved, with what its fold
 decided for each (`proven`, `Proven`), so the projector neither fetches back what this very
