@@ -115,14 +115,17 @@ class Folded(NamedTuple):
 
     `verdict` is None for a dead letter and for an event_id decided before (a resend, which
     writes nothing); `call` and `run` are the records the fold holds after this record, where
-    it changed them (None: unchanged). The history entry is not here: it chains to its key's
-    previous entry, which the store that writes it knows (`toolledger.projections.store`).
+    it changed them (None: unchanged); `verdict_json` is the verdict's `model_dump_json()` if
+    whoever folded it made it already (a leader, to answer with it), so it is made once. The
+    history entry is not here: it chains to its key's previous entry, which the store that
+    writes it knows (`toolledger.projections.store`).
     """
 
     item: Positioned | DeadLetter
     verdict: Verdict | None
     call: CallRecord | None
     run: RunRecord | None
+    verdict_json: str | None = None
 
 
 def actor_of(event: Event) -> str:

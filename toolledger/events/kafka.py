@@ -32,10 +32,11 @@ Choices that follow from the design (docs/architecture.md, "The projector" and "
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -48,6 +49,7 @@ from aiokafka.errors import (
     for_code,
 )
 from aiokafka.errors import RecordTooLargeError as BrokerRecordTooLarge
+from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.protocol.metadata import MetadataRequest
 
 from toolledger.events.kafka_idle import IdleConsumer
@@ -66,6 +68,7 @@ from toolledger.events.log import (
     check_record_size,
     epoch_marker,
     identity_from_offset_zero,
+    partition_for,
     record_size,
 )
 from toolledger.events.pacing import BOUND_S, IdleBackoff
@@ -166,6 +169,7 @@ class KafkaLog(EventLog):
             max_batch_size=self._max_batch_size,
             max_request_size=max(self._max_batch_size, self.max_record_bytes),
             request_timeout_ms=self._request_timeout_ms,
+            partitioner=_partition_of,
             **self._connection,
         )
         try:
@@ -245,15 +249,34 @@ class KafkaLog(EventLog):
         *,
         hint: bool = True,
     ) -> Position:
-        if not self._topic_seen:
-            async with self._topic_check:
-                if not self._topic_seen:
-                    await self.partition_count()
-                    self._topic_seen = True
+        await self._see_topic()
         position = await self._send(key.encode(), value, headers, None)
         if hint and self.on_appended is not None:
             self.on_appended(position)
         return position
+
+    async def append_many(
+        self, records: Sequence[tuple[str, bytes]], *, hint: bool = True
+    ) -> list[Position]:
+        """Every record handed to the producer first (one produce request carries them), then
+        each acknowledgement awaited: no task per record, as `gather` of `append`s would make."""
+        await self._see_topic()
+        producer = self._started()[1]
+        sent = []
+        for key, value in records:
+            data = key.encode()
+            check_record_size(self.topic, data, value, (), self.max_record_bytes)
+            with self._failures(data, value, ()):
+                sent.append((data, await producer.send(self.topic, value, key=data)))
+        positions = []
+        for data, future in sent:
+            with self._failures(data, b"", ()):
+                landed = await future
+            position = Position(landed.partition, landed.offset)
+            if hint and self.on_appended is not None:
+                self.on_appended(position)
+            positions.append(position)
+        return positions
 
     def reader(self) -> LogReader:
         return KafkaReader(self)
@@ -271,15 +294,32 @@ class KafkaLog(EventLog):
             raise LogError(f"cannot read the end offsets of {self.topic}: {exc!r}") from exc
         return {tp.partition: int(offset) for tp, offset in ends.items()}
 
+    async def _see_topic(self) -> None:
+        """Check once that the topic exists, before the first append creates it by accident."""
+        if not self._topic_seen:
+            async with self._topic_check:
+                if not self._topic_seen:
+                    await self.partition_count()
+                    self._topic_seen = True
+
     async def _send(
         self, key: bytes, value: bytes, headers: Sequence[tuple[str, bytes]], partition: int | None
     ) -> Position:
         producer = self._started()[1]
         check_record_size(self.topic, key, value, headers, self.max_record_bytes)
-        try:
+        with self._failures(key, value, headers):
             sent = await producer.send_and_wait(
                 self.topic, value, key=key, partition=partition, headers=list(headers) or None
             )
+        return Position(sent.partition, sent.offset)
+
+    @contextlib.contextmanager
+    def _failures(
+        self, key: bytes, value: bytes, headers: Sequence[tuple[str, bytes]]
+    ) -> Iterator[None]:
+        """The producer's errors as the log's: too large (permanent), or failed (resend)."""
+        try:
+            yield
         except (MessageSizeTooLargeError, BrokerRecordTooLarge) as exc:
             size = record_size(key, value, headers)
             raise RecordTooLarge(
@@ -290,7 +330,6 @@ class KafkaLog(EventLog):
                 f"append to {self.topic} (key {key.decode(errors='replace')}) failed: {exc!r}; "
                 "it may still have landed, so resend the same event (same event_id)"
             ) from exc
-        return Position(sent.partition, sent.offset)
 
     async def _create(self, partitions: int) -> bool:
         configs = {"retention.ms": "-1", "cleanup.policy": "delete"}
@@ -498,6 +537,14 @@ def _record(record: Any) -> LogRecord:
         timestamp_ms=record.timestamp,
         headers=tuple(record.headers),
     )
+
+
+def _partition_of(key: bytes | None, partitions: list[int], available: list[int]) -> int:
+    """The producer's partitioner: Kafka's default (murmur2 of the key), as `partition_for`
+    computes it and remembers it per key, rather than aiokafka's own murmur2 on every send."""
+    if key is None:  # toolledger keys every record; aiokafka's rule, for anything else
+        return int(DefaultPartitioner()(key, partitions, available))
+    return partitions[partition_for(key.decode(), len(partitions))]
 
 
 class Contiguous:

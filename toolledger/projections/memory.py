@@ -164,7 +164,7 @@ class MemoryLedger(LedgerStore):
         for queue in self._subscribers:
             for verdict in outcome.verdicts:
                 queue.put_nowait(verdict.event_id)
-        return AppliedBatch(outcome.verdicts, outcome.history)
+        return AppliedBatch(outcome.verdicts, outcome.history, outcome.verdict_json)
 
     async def get_call(self, key: str) -> CallRecord | None:
         return self._fold.calls.get(key)

@@ -286,14 +286,24 @@ class _Appender:
             self._task = asyncio.create_task(self._copy(*rows))
         await asyncio.sleep(0)
 
-    async def flush(self, history: list[HistoryEntry], verdicts: list[Verdict]) -> None:
-        """Append what is left; call after leaving the context."""
+    async def flush(
+        self,
+        history: list[HistoryEntry],
+        verdicts: list[Verdict],
+        texts: list[str] | None = None,
+    ) -> None:
+        """Append what is left (`texts`: the verdicts' JSON, if made); call after leaving the
+        context."""
         if self._written < len(verdicts):
-            await self._copy(history[self._written :], verdicts[self._written :])
+            left = None if texts is None else texts[self._written :]
+            await self._copy(history[self._written :], verdicts[self._written :], left)
             self._written = len(verdicts)
 
-    async def _copy(self, history: list[HistoryEntry], verdicts: list[Verdict]) -> None:
-        texts = [v.model_dump_json() for v in verdicts]
+    async def _copy(
+        self, history: list[HistoryEntry], verdicts: list[Verdict], texts: list[str] | None = None
+    ) -> None:
+        if texts is None:
+            texts = [v.model_dump_json() for v in verdicts]
         self.verdict_json += texts
         await self._conn.copy_records_to_table(
             "tool_execution_history",
@@ -569,7 +579,9 @@ class PostgresLedger(LedgerStore):
             outcome = batch.outcome()
         else:
             outcome = chained(folded, reads.heads)
-        texts = [v.model_dump_json() for v in outcome.verdicts]
+        texts = outcome.verdict_json
+        if texts is None:
+            texts = [v.model_dump_json() for v in outcome.verdicts]
         rows = (
             list(map(_history_values, outcome.history)),
             list(map(_verdict_values, outcome.verdicts, outcome.history, texts)),
@@ -624,7 +636,7 @@ class PostgresLedger(LedgerStore):
         await self._cas(conn, position)
         outcome = chained(folded, await _load_heads(conn, history_keys(folded)))
         appender = _Appender(conn)
-        await appender.flush(outcome.history, outcome.verdicts)
+        await appender.flush(outcome.history, outcome.verdicts, outcome.verdict_json)
         await self._write_rows(conn, position, outcome)
         return AppliedBatch(outcome.verdicts, outcome.history, appender.verdict_json)
 

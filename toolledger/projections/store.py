@@ -388,6 +388,8 @@ class BatchOutcome:
     calls: list[CallRecord]
     runs: list[RunRecord]
     heads: dict[str, str]
+    #: Each verdict's `model_dump_json()`, when whoever folded the batch made them.
+    verdict_json: list[str] | None = None
 
 
 class BatchFold:
@@ -450,11 +452,12 @@ def chained(folded: Sequence[Folded], heads: Mapping[str, str]) -> BatchOutcome:
     the verdict with the event's JSON and the chain hash."""
     heads = dict(heads)
     verdicts: list[Verdict] = []
+    texts: list[str] = []
     history: list[HistoryEntry] = []
     dead: list[DeadLetter] = []
     calls: dict[str, CallRecord] = {}
     runs: dict[str, RunRecord] = {}
-    for item, verdict, call, run in folded:
+    for item, verdict, call, run, text in folded:
         if isinstance(item, DeadLetter):
             dead.append(item)
         elif verdict is not None:
@@ -462,6 +465,7 @@ def chained(folded: Sequence[Folded], heads: Mapping[str, str]) -> BatchOutcome:
             heads[entry.key] = entry.chain_hash
             history.append(entry)
             verdicts.append(verdict)
+            texts.append(verdict.model_dump_json() if text is None else text)
         if call is not None:
             calls[call.key] = call
         if run is not None:
@@ -473,6 +477,7 @@ def chained(folded: Sequence[Folded], heads: Mapping[str, str]) -> BatchOutcome:
         calls=list(calls.values()),
         runs=list(runs.values()),
         heads={entry.key: entry.chain_hash for entry in history},
+        verdict_json=texts,
     )
 
 

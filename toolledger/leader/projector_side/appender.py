@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from toolledger.events.codec import decode
-from toolledger.events.fold import Positioned
+from toolledger.events.fold import Folded, Positioned
 from toolledger.events.log import EventLog, LogError, LogReader, Position
 from toolledger.events.models import Event
 from toolledger.events.records import Verdict
@@ -71,6 +71,8 @@ class Answer:
     verdict: Verdict | None = None
     detail: str = ""
     offset: int | None = None
+    #: The verdict's `model_dump_json()`, made once for the answer and the projection.
+    verdict_json: str | None = None
 
 
 @dataclass
@@ -295,6 +297,7 @@ class PartitionAppender:
             p.offset: Positioned(partition, p.offset, r.event)
             for p, r in zip(positions, batch, strict=True)
         }
+        texts: dict[int, str | None] = {}  # the own records' verdicts, as JSON
         async with self.lock:
             if loading is not None:
                 state.learn(await loading)
@@ -315,15 +318,19 @@ class PartitionAppender:
                         )
                 await self.ensure_known(items)
                 folded = state.fold(items, items[-1].offset + 1)
-                # at once: what memory folded, `proven` holds
-                self._hand_over([Proven(f, f.item.offset in own) for f in folded])
+                proven = [_proven(f, f.item.offset in own) for f in folded]
+                texts.update((p.offset, p.folded.verdict_json) for p in proven if p.own)
+                self._hand_over(proven)  # at once: what memory folded, `proven` holds
         answers: list[Answer] = []
         for position, request in zip(positions, batch, strict=True):
             verdict = state.verdict(request.event.event_id)
             if verdict is None:  # cannot happen: folded above, or decided earlier
                 answers.append(Answer(Kind.APPENDED, detail="no verdict in memory"))
             else:
-                answers.append(Answer(Kind.VERDICT, verdict, offset=position.offset))
+                text = texts.get(position.offset)
+                answers.append(
+                    Answer(Kind.VERDICT, verdict, offset=position.offset, verdict_json=text)
+                )
         return answers
 
     def _hand_over(self, proven: list[Proven]) -> None:
@@ -339,10 +346,9 @@ class PartitionAppender:
     async def _produce(self, batch: list[_Request]) -> list[Position]:
         """Send every record at once (one produce request) and wait for every offset. No hint
         goes out: the records are handed to this process's projector (`take_proven`)."""
+        records = [(r.event.run_id, r.data) for r in batch]
         async with asyncio.timeout(PRODUCE_BOUND):
-            positions = await asyncio.gather(
-                *(self._events.append(r.event.run_id, r.data, hint=False) for r in batch)
-            )
+            positions = await self._events.append_many(records, hint=False)
         for position in positions:
             if position.partition != self.state.partition:
                 raise LogError(
@@ -351,6 +357,14 @@ class PartitionAppender:
                     "partition count"
                 )
         return list(positions)
+
+
+def _proven(folded: Folded, own: bool) -> Proven:
+    """`folded` for the projector; the verdict of a record of its own made into JSON once,
+    for its answer and for the projection (a resend's verdict, decided before, is not in it)."""
+    if own and folded.verdict is not None:
+        folded = folded._replace(verdict_json=folded.verdict.model_dump_json())
+    return Proven(folded, own)
 
 
 def _settle(loaded: asyncio.Future[None], error: BaseException | None) -> None:

@@ -346,6 +346,8 @@ class LeaderServer(PartitionFollower):
 
 
 def _body(answer: Answer) -> bytes:
+    if answer.kind is Kind.VERDICT and answer.verdict_json is not None:
+        return answer.verdict_json.encode()
     if answer.kind is Kind.VERDICT and answer.verdict is not None:
         return answer.verdict.model_dump_json().encode()
     if answer.kind is Kind.APPENDED:
