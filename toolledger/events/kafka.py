@@ -258,25 +258,50 @@ class KafkaLog(EventLog):
     async def append_many(
         self, records: Sequence[tuple[str, bytes]], *, hint: bool = True
     ) -> list[Position]:
-        """Every record handed to the producer first (one produce request carries them), then
-        each acknowledgement awaited: no task per record, as `gather` of `append`s would make."""
+        """The records built into record batches here, one per run of records bound for the
+        same partition (a leader's batch is one), each handed to the producer whole and
+        acknowledged with its base offset: a record's offset is the base plus its place in
+        the batch, as Kafka assigns them. aiokafka's `send` per record costs about as much
+        Python again as the rest of a leader's work on the record (BENCHMARKS.md, issue 46).
+        Each record's partition is the one `append` gives it: Kafka's default partitioner over
+        the topic's partitions as the producer's metadata knows them."""
         await self._see_topic()
         producer = self._started()[1]
-        sent = []
-        for key, value in records:
-            data = key.encode()
-            check_record_size(self.topic, data, value, (), self.max_record_bytes)
-            with self._failures(data, value, ()):
-                sent.append((data, await producer.send(self.topic, value, key=data)))
-        positions = []
-        for data, future in sent:
-            with self._failures(data, b"", ()):
+        with self._failures(b"", b"", ()):
+            count = len(await producer.partitions_for(self.topic))
+        runs: list[tuple[int, list[int]]] = []  # (partition, places of its records)
+        for place, (key, _) in enumerate(records):
+            wanted = partition_for(key, count)
+            if runs and runs[-1][0] == wanted:
+                runs[-1][1].append(place)
+            else:
+                runs.append((wanted, [place]))
+        sent: list[tuple[asyncio.Future[Any], list[int]]] = []
+        for partition, places in runs:
+            batch, in_batch = producer.create_batch(), list[int]()
+            for place in places:
+                key, value = records[place]
+                data = key.encode()
+                check_record_size(self.topic, data, value, (), self.max_record_bytes)
+                if batch.append(key=data, value=value, timestamp=None) is None:  # full
+                    sent.append((await self._send_batch(batch, partition), in_batch))
+                    batch, in_batch = producer.create_batch(), list[int]()
+                    if batch.append(key=data, value=value, timestamp=None) is None:
+                        size = record_size(data, value, ())
+                        raise RecordTooLarge(self.topic, key, size, self.max_record_bytes)
+                in_batch.append(place)
+            sent.append((await self._send_batch(batch, partition), in_batch))
+        positions: list[Position | None] = [None] * len(records)
+        for future, batch_places in sent:
+            with self._failures(records[batch_places[0]][0].encode(), b"", ()):
                 landed = await future
-            position = Position(landed.partition, landed.offset)
-            if hint and self.on_appended is not None:
+            for index, place in enumerate(batch_places):
+                positions[place] = Position(landed.partition, landed.offset + index)
+        out = [p for p in positions if p is not None]
+        if hint and self.on_appended is not None:
+            for position in out:
                 self.on_appended(position)
-            positions.append(position)
-        return positions
+        return out
 
     def reader(self) -> LogReader:
         return KafkaReader(self)
@@ -293,6 +318,14 @@ class KafkaLog(EventLog):
         except KafkaError as exc:
             raise LogError(f"cannot read the end offsets of {self.topic}: {exc!r}") from exc
         return {tp.partition: int(offset) for tp, offset in ends.items()}
+
+    async def _send_batch(self, batch: Any, partition: int) -> asyncio.Future[Any]:
+        """Hand a built record batch to the producer; the future of its acknowledgement."""
+        with self._failures(b"", b"", ()):
+            future: asyncio.Future[Any] = await self._started()[1].send_batch(
+                batch, self.topic, partition=partition
+            )
+        return future
 
     async def _see_topic(self) -> None:
         """Check once that the topic exists, before the first append creates it by accident."""
