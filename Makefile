@@ -9,17 +9,25 @@ STAMP := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.installed-demo
 TOOLLEDGER := $(BIN)/toolledger
 PYTEST_ARGS ?=
+# The broker `make pytest` starts when no stack runs: Apache Kafka, the broker users run (needs
+# java and mvn; its jars come from Maven Central once). `make test` runs the whole suite on it,
+# then the tansu lane: the tests marked both_brokers (tests/contract and a few more) on tansu,
+# the quick local broker, so it keeps working.
+DEV_KAFKA ?= apache
+TANSU_LANE_ARGS ?= -m both_brokers
+PEERS_ARGS ?=
 
-.PHONY: help venv lint test pytest demo bench bench-peers clean
+.PHONY: help venv lint test lane pytest demo bench bench-peers clean
 
 help:
 	@echo "make venv    create .venv and install toolledger with its test extras (server included)"
 	@echo "make lint    ruff check, ruff format --check, mypy --strict"
-	@echo "make test    lint, then the whole test suite against the dev stack"
-	@echo "make pytest  the whole test suite against the dev stack, without lint"
+	@echo "make test    lint, the whole suite on Apache Kafka, then the tansu lane (needs java, mvn)"
+	@echo "make pytest  the whole test suite against the dev stack, without lint (DEV_KAFKA=tansu|apache)"
 	@echo "make demo    the billing demo on the embedded ledger; installs only the base package"
 	@echo "make bench   the benchmarks"
-	@echo "make bench-peers  toolledger, Restate and DBOS side by side (installs the peers under .toolledger/peers)"
+	@echo "make bench-peers  toolledger, Restate and DBOS side by side (installs the peers under .toolledger/peers;"
+	@echo "             DEV_KAFKA=apache|tansu: the broker toolledger's rows run on)"
 	@echo "make clean   stop the dev stack, remove caches and build output (keeps .venv)"
 
 venv: $(STAMP)
@@ -37,22 +45,33 @@ lint: venv
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+# Each lane prints its wall time. The two lanes run one after the other: two brokers and two
+# suites at once would not fit two cores.
 test: venv lint
-	@$(MAKE) --no-print-directory pytest
+	@$(MAKE) --no-print-directory lane DEV_KAFKA=apache
+	@$(MAKE) --no-print-directory lane DEV_KAFKA=tansu PYTEST_ARGS="$(TANSU_LANE_ARGS)"
 
-# Brings the dev stack up unless both services are given (or a stack already runs), runs the
-# whole suite, and stops the stack again only if this recipe started it, keeping pytest's status.
-# pytest's status 5 means it collected no tests, which here means a broken suite.
+lane:
+	@began=$$(date +%s); status=0; \
+	$(MAKE) --no-print-directory pytest DEV_KAFKA=$(DEV_KAFKA) PYTEST_ARGS='$(PYTEST_ARGS)' || status=$$?; \
+	echo "lane $(DEV_KAFKA): $$(( $$(date +%s) - began )) s, exit status $$status"; \
+	exit $$status
+
+# Brings the dev stack up (on DEV_KAFKA) unless both services are given or a stack already runs,
+# runs the suite, and stops the stack again only if this recipe started it, keeping pytest's
+# status. A running stack on another broker is left alone: the suite then starts a broker of
+# its own for the session (tests/conftest.py, TOOLLEDGER_DEV_KAFKA). pytest's status 5 means it
+# collected no tests, which here means a broken suite.
 pytest: venv
 	@started=no; \
 	if [ -z "$${TOOLLEDGER_DATABASE_URL:-}" ] || [ -z "$${TOOLLEDGER_KAFKA_BOOTSTRAP:-}" ]; then \
 		if ! $(TOOLLEDGER) dev status --check; then \
 			started=yes; \
 			trap '$(TOOLLEDGER) dev down; exit 130' INT TERM; \
-			$(TOOLLEDGER) dev up || { $(TOOLLEDGER) dev down; exit 1; }; \
+			$(TOOLLEDGER) dev up --kafka $(DEV_KAFKA) || { $(TOOLLEDGER) dev down; exit 1; }; \
 		fi; \
 	fi; \
-	status=0; $(BIN)/pytest $(PYTEST_ARGS) || status=$$?; \
+	status=0; TOOLLEDGER_DEV_KAFKA=$(DEV_KAFKA) $(BIN)/pytest $(PYTEST_ARGS) || status=$$?; \
 	if [ "$$started" = yes ]; then $(TOOLLEDGER) dev down || true; fi; \
 	if [ "$$status" -eq 5 ]; then echo "pytest collected no tests: failing" >&2; status=1; fi; \
 	exit $$status
@@ -82,7 +101,7 @@ PEERS := .toolledger/peers
 RESTATE_SERVER := 1.7.12
 
 bench-peers: venv $(PEERS)/.installed
-	$(BIN)/python -m benchmarks.peers
+	$(BIN)/python -m benchmarks.peers --kafka $(DEV_KAFKA) $(PEERS_ARGS)
 
 $(PEERS)/.installed: benchmarks/peers/requirements.txt
 	mkdir -p $(PEERS)

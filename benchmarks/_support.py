@@ -24,7 +24,7 @@ from pathlib import Path
 import asyncpg
 from aiokafka.admin import AIOKafkaAdminClient
 
-from toolledger.devstack import DevStack, Services
+from toolledger.devstack import DevStack, KafkaKind, Services
 from toolledger.events.signing import SigningKey
 from toolledger.settings import ProjectorSettings
 
@@ -53,15 +53,16 @@ class Row:
 
 
 @contextlib.contextmanager
-def services() -> Iterator[Services]:
+def services(kafka: KafkaKind | None = None) -> Iterator[Services]:
     """PostgreSQL and Kafka as the dev stack finds them; a broker started here is stopped here.
 
     `TOOLLEDGER_DATABASE_URL` / `TOOLLEDGER_KAFKA_BOOTSTRAP` win when set; otherwise the
-    benchmarks start their own tansu broker (by pid, in a temporary directory), so they never
-    share a broker with tests or another run.
+    benchmarks start their own broker of the kind asked for (`kafka`: Apache Kafka or tansu;
+    None: tansu), by pid, in a temporary directory, so they never share a broker with tests or
+    another run.
     """
     home = Path(tempfile.mkdtemp(prefix="toolledger-bench-"))
-    stack = DevStack(home)
+    stack = DevStack(home, kafka=kafka, startup_timeout=120.0)
     try:
         yield stack.up()
     finally:

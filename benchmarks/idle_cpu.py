@@ -8,7 +8,7 @@ its life waiting for a model. Each repetition starts, on a fresh schema and topi
 `toolledger projector` process and a runtime process (`--runtime`: `Ledger.connect()`, one call
 to prove the stack answers, then nothing), lets them settle (`SETTLE_S`, longer than the
 readers take to back off to their bound), and reads every process's CPU time (user + system,
-from /proc) over `--seconds` of wall time: runtime, projector and the broker (the tansu process
+from /proc) over `--seconds` of wall time: runtime, projector and the broker (the process
 listening on the bootstrap port; only a broker on this machine can be counted). The broker's
 own CPU with nobody connected is measured first, for reference. Against the goal, 30 ms of CPU
 per second of wall time for the three together (issue 25), each runtime placement: the direct
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import itertools
 import json
 import os
@@ -48,6 +47,7 @@ import asyncpg
 from benchmarks._baseline import ROOT, export_tree
 from benchmarks._runtime import process_cpu_seconds
 from benchmarks._support import Row, Scratch, median, say, services, stop_process, table
+from benchmarks.peers._cpu import listener_pid
 
 #: The goal for runtime + projector + broker together, in ms of CPU per s of wall time.
 GOAL_MS_PER_S = 30.0
@@ -86,16 +86,9 @@ def cpu_seconds(pid: int) -> float:
 
 
 def broker_pid(bootstrap: str) -> int | None:
-    """The pid of the tansu broker listening on `bootstrap`, if it runs on this machine."""
-    wanted = f"tcp://{bootstrap}"
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        with contextlib.suppress(OSError):
-            argv = (proc / "cmdline").read_bytes().split(b"\0")
-            if b"tansu" in argv[0] and wanted.encode() in argv:
-                return int(proc.name)
-    return None
+    """The pid of the broker listening on `bootstrap` (Apache Kafka or tansu), if it runs on
+    this machine and its sockets are ours to read."""
+    return listener_pid(int(bootstrap.split(",")[0].rsplit(":", 1)[1]))
 
 
 async def cpu_rates(pids: dict[str, Sequence[int]], seconds: float) -> dict[str, float]:

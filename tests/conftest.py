@@ -42,11 +42,14 @@ from tests import tracing_support
 from tests.isolated import Isolated
 from toolledger.devstack import (
     DATABASE_URL_ENV,
+    DEV_KAFKA_ENV,
     KAFKA_BOOTSTRAP_ENV,
     STATE_DIR,
     DevStack,
+    KafkaKind,
     Services,
     delete_topics,
+    dev_kafka_choice,
     resolve_services,
 )
 
@@ -66,9 +69,15 @@ hypothesis.settings.register_profile("toolledger", deadline=None)
 hypothesis.settings.load_profile("toolledger")
 
 
+#: The broker this session's tests run on (`TOOLLEDGER_DEV_KAFKA`, which `make test` sets per
+#: lane): a live stack of another kind is not used; the session starts its own.
+_LANE: dict[str, KafkaKind | None] = {}
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Remove the caller's other `TOOLLEDGER_*` variables before anything is collected, and
     make SIGTERM stop the run the way Ctrl-C does."""
+    _LANE["kafka"] = dev_kafka_choice(os.environ.get(DEV_KAFKA_ENV) or None)
     for name in list(os.environ):
         if name.startswith("TOOLLEDGER_") and name not in _CALLER_ENV:
             _clean_env.delenv(name)
@@ -102,20 +111,40 @@ _BROKER: dict[str, str] = {}
 def dev_services(request: pytest.FixtureRequest) -> Iterator[Services]:
     """The services of this test session, started here only when nothing else provides them."""
     root = request.config.rootpath
+    wanted = _LANE.get("kafka")
     found = resolve_services(root)
-    if found is not None:
+    live_kind = DevStack(root).kafka_kind()
+    if found is not None and (
+        wanted is None or KAFKA_BOOTSTRAP_ENV in os.environ or live_kind == wanted
+    ):
         _BROKER["address"] = found.kafka_bootstrap
+        _BROKER["kind"] = live_kind or "env"
         yield found
         return
     _stop_abandoned_session_stacks(root / _SESSIONS_DIR)
-    stack = DevStack(root / _SESSIONS_DIR / str(os.getpid()))
+    stack = DevStack(root / _SESSIONS_DIR / str(os.getpid()), kafka=wanted)
+    if found is not None:
+        # The live stack runs another broker: this session brings its own, beside the live
+        # PostgreSQL, and points every child it starts at it.
+        _clean_env.setenv(DATABASE_URL_ENV, found.database_url)
     try:
         services = stack.up()
         _BROKER["address"] = services.kafka_bootstrap
+        _BROKER["kind"] = stack.kafka_kind() or "env"
+        if found is not None:
+            _clean_env.setenv(KAFKA_BOOTSTRAP_ENV, services.kafka_bootstrap)
         yield services
     finally:
         stack.down()
         shutil.rmtree(stack.project_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def broker_kind(dev_services: Services) -> str:
+    """The session's broker: `apache`, `tansu`, or `env` (one named by TOOLLEDGER_KAFKA_BOOTSTRAP,
+    of unknown kind). For a test whose expectation differs by broker, which is rare: mark it
+    `both_brokers` to have it run in `make test`'s tansu lane too."""
+    return _BROKER["kind"]
 
 
 def _to_session_broker(transport: object) -> bool:
@@ -274,7 +303,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Long drills (`@pytest.mark.drill`) take many minutes: they run only with --drills."""
+    """The contract suite runs on both brokers (`make test`'s tansu lane selects `-m
+    both_brokers`), and long drills (`@pytest.mark.drill`) take many minutes: they run only
+    with --drills."""
+    contract = Path(__file__).parent / "contract"
+    for item in items:
+        if contract in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.both_brokers)
     if config.getoption("--drills"):
         return
     skip = pytest.mark.skip(reason="a long persistence drill: run it with --drills")

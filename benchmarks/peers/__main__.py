@@ -13,7 +13,9 @@ the median of the per-round ratios. CPU time per step comes from /proc for every
 system's work (`benchmarks.peers._cpu`), over the concurrent phase.
 
 The peers run from `.toolledger/peers/` (`make bench-peers` installs them there, in a virtualenv
-of their own); toolledger from this environment, on the dev stack's services like `make bench`.
+of their own); toolledger from this environment, on a broker started for the run: Apache Kafka
+(`--kafka apache`, the default: the broker users run) or tansu (`--kafka tansu`), so one session
+can record toolledger's rows on both; the broker's CPU share is found by its port either way.
 Everything started is stopped by pid, and every schema, topic and database made is dropped, also
 after an error or Ctrl-C. At the end each system proves its books: every step asked for ran
 once and is durably recorded.
@@ -44,7 +46,7 @@ from benchmarks.peers._systems import (
 )
 from benchmarks.peers.report import Round, render
 from benchmarks.peers.sixths import traced
-from toolledger.devstack import Services
+from toolledger.devstack import KAFKA_BOOTSTRAP_ENV, Services
 
 #: Seconds over which each system's idle CPU is measured, once, before the rounds.
 IDLE_WINDOW = 3.0
@@ -76,6 +78,13 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
         metavar="SYSTEM",
         help="run only this system (repeatable; e.g. --only 'toolledger leader'): the peers "
         "need not be installed when none of them is named",
+    )
+    parser.add_argument(
+        "--kafka",
+        choices=["apache", "tansu"],
+        default="apache",
+        help="the broker toolledger's rows run on, started for this run (unless "
+        "TOOLLEDGER_KAFKA_BOOTSTRAP names one): Apache Kafka, or tansu, the quick local one",
     )
     args = parser.parse_args(argv)
     unknown = set(args.only or ()) - set(SYSTEMS)
@@ -127,7 +136,7 @@ async def _idle(system: System) -> dict[str, float]:
     }
 
 
-async def _compare(found: Services, args: argparse.Namespace) -> str:
+async def _compare(found: Services, args: argparse.Namespace, broker_kind: str | None) -> str:
     scratch = Scratch(found)
     admin = await asyncpg.connect(found.database_url)
     broker = listener_pid(int(found.kafka_bootstrap.rsplit(":", 1)[1]))
@@ -184,6 +193,7 @@ async def _compare(found: Services, args: argparse.Namespace) -> str:
         await scratch.cleanup()
         await admin.close()
     note = (
+        f"toolledger on {args.kafka if broker_kind is None else broker_kind}; "
         f"{args.rounds} rounds; serial: {args.samples} steps per round; concurrent: {args.runs} "
         f"runs x {args.calls} steps; load average {load:.1f} at the start, "
         f"{os.getloadavg()[0]:.1f} at the end; {time.monotonic() - started:.0f} s"
@@ -197,10 +207,11 @@ def main(argv: list[str] | None = None) -> int:
     if problem is not None:
         print(f"python -m benchmarks.peers: {problem}", file=sys.stderr)
         return 2
-    with services() as found:
+    given = os.environ.get(KAFKA_BOOTSTRAP_ENV)
+    with services(args.kafka) as found:
         say(f"services: PostgreSQL {found.database_url}, Kafka {found.kafka_bootstrap}")
         try:
-            print(asyncio.run(_compare(found, args)))
+            print(asyncio.run(_compare(found, args, "the broker given" if given else None)))
         except asyncio.CancelledError:
             say("stopped; cleaned up")
             return 143

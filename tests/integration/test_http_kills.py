@@ -124,7 +124,7 @@ async def test_the_reconciler_process_resends_the_killed_runtimes_refund(
             "--tools",
             "tests.http_tools",
             "--session-timeout",
-            "2",
+            "6",
             "--scan-every",
             "0.1",
             env=env,

@@ -53,7 +53,7 @@ from toolledger.settings import ProjectorSettings as Settings
 from toolledger.wiring.stack import LedgerStack
 
 PARTITIONS = 2
-#: Import, connect, join the consumer group (half the session timeout against tansu), recover.
+#: Import, connect, join the consumer group (6 s sessions: the least Apache Kafka accepts), recover.
 START_TIMEOUT = 20.0
 #: How long a fact may take to reach a reconciler and its finding to come back, with slack.
 SETTLE_TIMEOUT = 20.0
@@ -89,7 +89,7 @@ class Scene:
             "--tools",
             "tests.integration.reconcile_tools",
             "--session-timeout",
-            "2",
+            "6",
             "--scan-every",
             "0.1",
             *extra,

@@ -17,6 +17,7 @@ finds the checkout from any directory below it, or from `--project-dir`.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import os
 import secrets
@@ -29,10 +30,12 @@ from rich.table import Table
 from toolledger.cli import entry
 from toolledger.devstack import (
     DATABASE_URL_ENV,
+    DEV_KAFKA_ENV,
     KAFKA_BOOTSTRAP_ENV,
     DevStack,
     Services,
     ServiceStatus,
+    dev_kafka_choice,
     find_project_dir,
 )
 from toolledger.events.signing import SigningKey, parse_signing_keys
@@ -46,7 +49,16 @@ _SOURCES = {
     "local": "local server",
     "embedded": "embedded (ours)",
     "tansu": "tansu (ours)",
+    "apache": "Apache Kafka (ours)",
 }
+_kafka = click.option(
+    "--kafka",
+    type=click.Choice(["apache", "tansu"]),
+    default=None,
+    help=f"The broker to start: `apache` (Apache Kafka, what `make test` runs; needs java and "
+    f"mvn) or `tansu` (quick, in memory) [default: ${DEV_KAFKA_ENV}, else the broker already "
+    "running, else tansu].",
+)
 
 _project_dir = click.option(
     "--project-dir",
@@ -71,26 +83,48 @@ def dev() -> None:
 
 @dev.command()
 @_project_dir
-@click.option("--timeout", default=30.0, show_default=True, help="Seconds to wait per service.")
-def up(project_dir: Path | None, timeout: float) -> None:
-    """Find or start PostgreSQL and Kafka (reuses a running stack)."""
-    stack = DevStack(project_dir or find_project_dir(), startup_timeout=timeout)
+@_kafka
+@click.option("--timeout", default=60.0, show_default=True, help="Seconds to wait per service.")
+def up(project_dir: Path | None, kafka: str | None, timeout: float) -> None:
+    """Find or start PostgreSQL and Kafka (reuses a running stack).
+
+    A ledger schema of this checkout that was built from a log the broker no longer holds
+    (tansu keeps nothing across a restart) is reset, and the output says so.
+    """
+    from toolledger.dev.schema import reset_if_log_gone  # asyncpg and aiokafka: only here
+
+    stack = DevStack(
+        project_dir or find_project_dir(),
+        startup_timeout=timeout,
+        kafka=dev_kafka_choice(kafka),
+        progress=lambda line: _console.print(line, highlight=False),
+    )
     with _console.status("Starting PostgreSQL and Kafka..."):
         services = stack.up()
+        reset = asyncio.run(reset_if_log_gone(services, stack.namespace))
     statuses = stack.status()
     _console.print(_table(statuses))
     _print_logs(statuses)
+    if reset is not None:
+        _console.print(reset, highlight=False)
     _print_exports(services, stack)
 
 
 @dev.command()
 @_project_dir
 @click.option("--check", is_flag=True, help="Print nothing; exit 0 if a stack runs here, 1 if not.")
-def status(project_dir: Path | None, check: bool) -> None:
+@click.option(
+    "--kafka",
+    type=click.Choice(["apache", "tansu"]),
+    default=None,
+    help="With --check: exit 0 only if the stack's broker is this one.",
+)
+def status(project_dir: Path | None, check: bool, kafka: str | None) -> None:
     """Show what runs where, and whether each process is alive."""
     stack = DevStack(project_dir or find_project_dir())
     if check:
-        sys.exit(0 if stack.services() is not None else 1)
+        runs = stack.services() is not None
+        sys.exit(0 if runs and kafka in (None, stack.kafka_kind()) else 1)
     statuses = stack.status()
     if not statuses:
         _console.print(f"No dev stack in {stack.project_dir}: run `toolledger dev up`.")

@@ -2,7 +2,8 @@
 
 Runs agent runs in real runtime processes against real Kafka and PostgreSQL (the
 `TOOLLEDGER_*` services, else the dev stack), SIGKILLs them at named points and at random
-moments, kills and freezes projectors and the reconciler meanwhile, then checks the ledger
+moments, kills and freezes projectors and the reconciler meanwhile (and with `--broker-kills`
+the broker), then checks the ledger
 against the billing system's own count of effects and against a re-fold of the log. It prints
 a summary table and exits 1 if any check was violated (the seed reproduces the kill plan).
 docs/DRILLS.md says what each check proves.
@@ -91,6 +92,14 @@ if TYPE_CHECKING:
     help="End with a reset of a private broker (projectors must stop, runtimes fail closed).",
 )
 @click.option(
+    "--broker-kills",
+    default=0,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="SIGKILL the broker mid-drill this often, restarting it on its data (uses a private "
+    "Apache Kafka broker: needs java and mvn).",
+)
+@click.option(
     "--timeout",
     type=click.FloatRange(min=1),
     default=None,
@@ -119,6 +128,7 @@ def drill(
     reconciler_kill_every: float,
     postgres_restarts: int,
     broker_reset: bool,
+    broker_kills: int,
     timeout: float | None,
     keep: bool,
     home: Path | None,
@@ -152,6 +162,7 @@ def drill(
         reconciler_kill_every=reconciler_kill_every,
         postgres_restarts=postgres_restarts,
         broker_reset=broker_reset,
+        broker_kills=broker_kills,
         timeout=timeout,
         keep=keep,
         home=home,

@@ -85,7 +85,7 @@ def _statuses() -> _StatusTable:
     from aiokafka.errors import KafkaError
 
     from toolledger.api.errors import Conflict, InvalidRequest, Misconfigured, NotFound, Unavailable
-    from toolledger.devstack import DevStackError
+    from toolledger.devstack import DevStackError, DevStackMissing
     from toolledger.errors import ConfigError, LedgerUnavailable
     from toolledger.events.log import LogError, LogIdentityError, TopicMissing
     from toolledger.events.signing import KeySetMismatch
@@ -98,6 +98,7 @@ def _statuses() -> _StatusTable:
         (InvalidRequest, ExitStatus.USAGE),
         (Misconfigured, ExitStatus.USAGE),
         (KeySetMismatch, ExitStatus.USAGE),
+        (DevStackMissing, ExitStatus.USAGE),
         (NotFound, ExitStatus.NO),
         (Conflict, ExitStatus.NO),
         (Unavailable, ExitStatus.UNAVAILABLE),

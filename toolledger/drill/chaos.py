@@ -18,6 +18,8 @@ take over, which is the deployment the drill checks (two projector processes):
 - **poison**: append bytes no reader can decode, under their own run ids: they must land in
   the dead letters and quarantine those runs, and nothing else.
 - **PostgreSQL restart** (private server only): `pg_ctl restart` mid-drill.
+- **broker kill** (private Apache Kafka only): SIGKILL the broker mid-drill and start it again
+  on its port and its data folder; the time until it acknowledges a produce again is recorded.
 
 A projector trouble whose projectors are still starting waits for them instead of skipping its
 turn, and a trouble that fails is a drill error (`Chaos.errors`), so the counts in the summary
@@ -60,6 +62,8 @@ class ChaosTally:
     listen_kills: int = 0
     poison: list[str] = field(default_factory=list)
     postgres_restarts: int = 0
+    #: Seconds from each broker SIGKILL until the restarted broker acknowledged a produce.
+    broker_recoveries: list[float] = field(default_factory=list)
     #: Projectors that stopped with the log-identity error (exit 4) while the log was intact.
     identity_stops: list[str] = field(default_factory=list)
 
@@ -298,3 +302,15 @@ class Chaos:
             waited = at
             await asyncio.to_thread(self.postgres.restart)
             self.tally.postgres_restarts += 1
+
+    async def kill_broker(self, count: int, within: float, kill: Callable[[], float]) -> None:
+        """SIGKILL the private broker and restart it on its data (`kill`) `count` times in the
+        first `within` s, each kill once the previous restart was acknowledging produces.
+        Like the PostgreSQL restarts, every kill happens even if the runs finish first."""
+        if count <= 0:
+            return
+        moments = sorted(self.rng.uniform(3.0, within) for _ in range(count))
+        started = asyncio.get_running_loop().time()
+        for at in moments:
+            await asyncio.sleep(max(0.0, at - (asyncio.get_running_loop().time() - started)))
+            self.tally.broker_recoveries.append(await asyncio.to_thread(kill))

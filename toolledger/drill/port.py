@@ -28,6 +28,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from toolledger.drill.acked import AckRecord
 from toolledger.drill.killpoints import KillPoints, append_line
 from toolledger.drill.verdicts import VerdictRecord, Via
 from toolledger.events.codec import encode
@@ -109,12 +110,17 @@ class DrillPort(ForwardingPort):
     points, duplicate appends and verdict record (see the module docstring)."""
 
     def __init__(
-        self, inner: StackLeaderPort | StackPort, kill_points: KillPoints, verdicts: VerdictRecord
+        self,
+        inner: StackLeaderPort | StackPort,
+        kill_points: KillPoints,
+        verdicts: VerdictRecord,
+        acked: AckRecord | None = None,
     ) -> None:
         super().__init__(inner)
         self.stack: LedgerStack = inner.stack
         self.kill_points = kill_points
         self.verdicts = verdicts
+        self.acked = acked or AckRecord(None)
         #: Set once the worker has its order (its seed); until then nothing is appended twice.
         self.duplicates = Duplicates(0.0, None, random.Random(0))
         self._first: Via = "leader" if isinstance(inner, LeaderPort) else "direct"
@@ -146,6 +152,7 @@ class DrillPort(ForwardingPort):
         if outcome:
             self.kill_points.reach("before_outcome", event.key)
         yield
+        self.acked.write(event)
         await self._duplicate(event)
         if outcome:
             self.kill_points.reach("after_outcome", event.key)
@@ -183,6 +190,7 @@ class DrillPort(ForwardingPort):
     async def read_or_append(self, reserved: CallReserved, timeout: float) -> CallRecord | None:
         found = await super().read_or_append(reserved, timeout)
         if found is None:  # appended: a producer's retry may append it again
+            self.acked.write(reserved)
             await self._duplicate(reserved)
         return found
 

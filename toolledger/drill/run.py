@@ -9,8 +9,9 @@ exists, every earlier record of that partition was folded, which end offsets can
 stops the projectors so nothing moves, and hands the witnesses to `toolledger.drill.checks`.
 
 With `broker_reset` the drill runs on a private broker and ends with its reset
-(`toolledger.drill.reset`); with `postgres_restarts` it runs on a private PostgreSQL and
-restarts it mid-drill.
+(`toolledger.drill.reset`); with `broker_kills` it runs on a private Apache Kafka broker and
+SIGKILLs it mid-drill, restarting it on its data (`Chaos.kill_broker`); with
+`postgres_restarts` it runs on a private PostgreSQL and restarts it mid-drill.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from pathlib import Path
 from typing import Literal
 
 from toolledger.api.service import OperatorService
-from toolledger.devstack import Services, remove_namespace
+from toolledger.devstack import KafkaKind, Services, remove_namespace
+from toolledger.drill.acked import ACKED_FILE, acknowledged_kept, read_acked
 from toolledger.drill.barrier import sentinel
 from toolledger.drill.billing import DrillBilling
 from toolledger.drill.chaos import Chaos, ChaosTally
@@ -80,6 +82,8 @@ class DrillConfig:
     listen_kill_every: float = 5.0
     postgres_restarts: int = 0
     broker_reset: bool = False
+    #: SIGKILLs of a private Apache Kafka broker mid-drill, each restarted on its data.
+    broker_kills: int = 0
     #: Seconds before the drill gives up (None: `default_timeout` of its size).
     timeout: float | None = None
     keep: bool = False
@@ -121,6 +125,8 @@ class DrillReport:
     duplicates_appended: int = 0
     operator_settled: int = 0
     refold_events: int = 0
+    #: Events the runtimes saw acknowledged, each found in the re-fold of the log.
+    acknowledged_checked: int = 0
 
     @property
     def ok(self) -> bool:
@@ -145,7 +151,11 @@ async def run_drill(
         open_services,
         home,
         given=services,
-        private_broker=config.broker_reset,
+        private_broker="apache"
+        if config.broker_kills
+        else "tansu"
+        if config.broker_reset
+        else None,
         private_postgres=config.postgres_restarts > 0,
     )
     report: DrillReport | None = None
@@ -156,6 +166,14 @@ async def run_drill(
         await asyncio.to_thread(drill_services.close)
         if config.home is None and not config.keep and report is not None and report.ok:
             shutil.rmtree(home, ignore_errors=True)
+
+
+def _private_broker(config: DrillConfig) -> KafkaKind | None:
+    """The private broker a drill needs: Apache Kafka to kill (it keeps its data), tansu to
+    reset (it always comes back empty), or none (the shared one)."""
+    if config.broker_kills:
+        return "apache"
+    return "tansu" if config.broker_reset else None
 
 
 class _Drill:
@@ -267,6 +285,9 @@ class _Drill:
                 chaos.every(c.listen_kill_every, lambda: chaos.kill_listen(dispatcher.live_procs)),
                 chaos.poison(c.poison, within=20.0),
                 chaos.restart_postgres(c.postgres_restarts, within=2.0 + 4 * c.postgres_restarts),
+                chaos.kill_broker(
+                    c.broker_kills, within=3.0 + 12 * c.broker_kills, kill=self.services.kill_broker
+                ),
                 operate(),
                 keep_alive(),
             ]
@@ -354,6 +375,7 @@ class _Drill:
         unsettled = set(await db.unsettled(TENANT))
         live = await stack.store.snapshot()
         heard = read_heard(dispatcher.verdicts)
+        acked = read_acked(self.home / ACKED_FILE)
         refold = await refold_log(
             stack,
             db,
@@ -363,7 +385,7 @@ class _Drill:
                 f"{self.schema}_refold",
                 verify_keys=self.settings.verify_keys,
             ),
-            heard=[h.event_id for h in heard],
+            heard=[h.event_id for h in heard] + acked,
         )
         dispatch = dispatcher.tally
         evidence = Evidence(
@@ -393,6 +415,9 @@ class _Drill:
             resent_tools=frozenset(t.name for t in drill if t.effect.replays_key_for),
         )
         self.report.checks, self.report.tally = judge(evidence)
+        kept = acknowledged_kept([h.event_id for h in heard], acked, refold.verdicts)
+        self.report.checks.append(kept)
+        self.report.acknowledged_checked = len({h.event_id for h in heard} | set(acked))
         self.report.dispatch = dispatch
         self.report.chaos = chaos.tally
         self.report.duplicates_appended = len(read_lines(dispatcher.dup_log))

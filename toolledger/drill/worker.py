@@ -34,6 +34,7 @@ from typing import Any
 
 from toolledger import Ledger, LedgerUnavailable, RunSuperseded
 from toolledger.drill import tools
+from toolledger.drill.acked import ACKED_FILE, AckRecord
 from toolledger.drill.barrier import barrier
 from toolledger.drill.killpoints import KillPlan, KillPoints, append_line
 from toolledger.drill.model import AGENT, TENANT, ScriptedModel, prompt
@@ -104,7 +105,8 @@ async def _connect(
                 raise
             await asyncio.sleep(0.5)
             continue
-        port = DrillPort(leader_port(DirectPath(stack), settings), kill_points, verdicts)
+        acked = AckRecord(verdicts.path and verdicts.path.parent / ACKED_FILE, verdicts.worker)
+        port = DrillPort(leader_port(DirectPath(stack), settings), kill_points, verdicts, acked)
         ledger = Ledger(port, verdict_timeout=settings.verdict_timeout_s, on_close=stack.close)
         return ledger, port
     raise AssertionError("unreachable")

@@ -4,5 +4,8 @@
 as their default without importing faust (`toolledger --help` must stay light).
 """
 
-#: Session timeout against the development broker: 2-6 s is what docs/architecture.md asks for.
-DEFAULT_SESSION_TIMEOUT_S = 3.0
+#: The consumer groups' session timeout: as short as Apache Kafka accepts by default
+#: (`group.min.session.timeout.ms`, 6 s), so a SIGKILLed member's partitions move soon. It was
+#: 3 s, fitted to tansu: a default Apache Kafka refused every processor's join with
+#: InvalidSessionTimeoutError and the processors sat idle, as the suite found once it ran there.
+DEFAULT_SESSION_TIMEOUT_S = 6.0

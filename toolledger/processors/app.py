@@ -12,9 +12,11 @@ development broker (tansu, see docs/architecture.md, "Services"):
   changelog writes a recovered table would silently miss its newest entries. One record per batch
   keeps the end offsets exact. Production Kafka does not need it; its cost is a request per table
   write, which the small tables of processors do not notice.
-- `broker_session_timeout` of a few seconds: a SIGKILLed member holds its partitions until its
-  session expires, and tansu makes every group join wait about half the session timeout, so the
-  faust default (60 s) would stall a restart for a minute. The heartbeat is a sixth of it.
+- `broker_session_timeout` of 6 s (`DEFAULT_SESSION_TIMEOUT_S`): a SIGKILLed member holds its
+  partitions until its session expires, so the faust default (60 s) would stall a restart for a
+  minute; 6 s is the least a default Apache Kafka accepts (`group.min.session.timeout.ms`; it
+  refuses a shorter one's join). tansu makes every group join wait about half of it. The
+  heartbeat is a sixth of it.
 - `table_standby_replicas=0`: the memory store keeps standby partitions in the same dict as
   active ones, and processors' tables are small enough to recover from their changelog quickly.
 - `topic_partitions` = the facts topic's partition count, so changelogs are co-partitioned with

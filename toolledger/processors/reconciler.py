@@ -159,10 +159,14 @@ class Reconciler:
         now = self.clock()
         seen: set[tuple[str, int]] = set()
         started = 0
+        # By key, not by version: an attempt in flight moves its own call to a new version (its
+        # `reconcile_attempted`), which must not start a second question while the first still
+        # records what it found (a second resend of a refund came 1 s after the first).
+        asking = {key for key, _ in self._running}
         for record in records:
             mark = (record.key, record.version)
             seen.add(mark)
-            if mark in self._asked or mark in self._running:
+            if mark in self._asked or record.key in asking:
                 continue
             if self._retry_at.get(mark, 0.0) > time.monotonic():
                 continue
@@ -190,6 +194,7 @@ class Reconciler:
             self._running[mark] = asyncio.create_task(
                 self._attempt(record, tool), name=f"reconcile {record.key} v{record.version}"
             )
+            asking.add(record.key)
             started += 1
         # Forget versions that are gone from the table: the fact of their finding has arrived.
         self._asked &= seen
