@@ -423,8 +423,11 @@ class Projector:
         parked = carried.choose({p: self._position(p) for p in self._owned}, halted)
         if parked != carried.parked:
             assert self._reader is not None
+            unparked = carried.parked - parked
             carried.parked = parked
             self._reader.park(parked)
+            if unparked:  # a reader backed off while every partition was parked fetches now
+                self._reader.wake()
         return bool(parked) and all(p in parked or p in halted for p in self._owned)
 
     async def _nudged(self, due: float | None) -> dict[int, list[LogRecord]]:
