@@ -45,10 +45,22 @@ from benchmarks.peers._systems import (
     ToolledgerPipelined,
 )
 from benchmarks.peers.report import Round, render
+from benchmarks.peers.sixths import traced
 from toolledger.devstack import KAFKA_BOOTSTRAP_ENV, Services
 
 #: Seconds over which each system's idle CPU is measured, once, before the rounds.
 IDLE_WINDOW = 3.0
+#: Every system's name, in the order the rounds start from.
+SYSTEMS = (
+    Toolledger.name,
+    ToolledgerPipelined.name,
+    ToolledgerLeader.name,
+    ToolledgerLeaderPipelined.name,
+    Restate.name,
+    Dbos.name,
+)
+#: The peers, which `make bench-peers` installs.
+PEERS = (Restate.name, Dbos.name)
 
 
 def _arguments(argv: list[str] | None) -> argparse.Namespace:
@@ -61,6 +73,13 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
         "--naps", type=int, default=40, help="serial calls of a 50 ms tool per round (toolledger)"
     )
     parser.add_argument(
+        "--only",
+        action="append",
+        metavar="SYSTEM",
+        help="run only this system (repeatable; e.g. --only 'toolledger leader'): the peers "
+        "need not be installed when none of them is named",
+    )
+    parser.add_argument(
         "--kafka",
         choices=["apache", "tansu"],
         default="apache",
@@ -68,6 +87,9 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
         "TOOLLEDGER_KAFKA_BOOTSTRAP names one): Apache Kafka, or tansu, the quick local one",
     )
     args = parser.parse_args(argv)
+    unknown = set(args.only or ()) - set(SYSTEMS)
+    if unknown:
+        parser.error(f"--only: no system named {', '.join(sorted(unknown))}; one of {SYSTEMS}")
     if args.rounds < 1 or args.samples < 10 or args.runs < 1 or args.calls < 1 or args.naps < 1:
         parser.error(
             "--rounds >= 1, --samples >= 10, --runs >= 1, --calls >= 1 and --naps >= 1, please"
@@ -78,21 +100,29 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
 async def _round(system: System, n: int, args: argparse.Namespace) -> Round:
     times = await system.serial(args.samples, f"s{n}")
     before = await snapshot(system.parts())
-    elapsed = await system.concurrent(args.runs, args.calls, f"c{n}")
-    await system.settle()
+    elapsed, trace = await traced(
+        _concurrent(system, args, f"c{n}"), lambda: system.done, before.cpu
+    )
     after = await snapshot(system.parts())
     steps = args.runs * args.calls
     cpu = {part: seconds / steps for part, seconds in used(before, after).items()}
     added = await system.added(args.naps, f"n{n}")
-    if added is None:
-        return Round(percentile(times, 50), steps / elapsed, cpu)
     return Round(
         percentile(times, 50),
         steps / elapsed,
         cpu,
-        percentile(added.times, 50),
-        percentile(added.floors, 50),
+        None if added is None else percentile(added.times, 50),
+        None if added is None else percentile(added.floors, 50),
+        times,
+        trace,
     )
+
+
+async def _concurrent(system: System, args: argparse.Namespace, label: str) -> float:
+    """The concurrent phase's seconds; the system settles after it (its CPU counted)."""
+    elapsed = await system.concurrent(args.runs, args.calls, label)
+    await system.settle()
+    return elapsed
 
 
 async def _idle(system: System) -> dict[str, float]:
@@ -118,7 +148,7 @@ async def _compare(found: Services, args: argparse.Namespace, broker_kind: str |
                 found.database_url, server_settings={"search_path": f'"{running.schema}"'}
             )
             restate, dbos = Restate(), Dbos(found.database_url, admin)
-            systems: list[System] = [
+            every: list[System] = [
                 Toolledger(running, pg, broker),
                 ToolledgerPipelined(running, pg, broker),
                 ToolledgerLeader(running, pg, broker),
@@ -126,10 +156,12 @@ async def _compare(found: Services, args: argparse.Namespace, broker_kind: str |
                 restate,
                 dbos,
             ]
+            systems = [s for s in every if not args.only or s.name in args.only]
+            peers = [s for s in (restate, dbos) if s in systems]
             try:
-                say("starting Restate and DBOS")
-                await restate.start()
-                await dbos.start()
+                for peer in peers:
+                    say(f"starting {peer.name}")
+                    await peer.start()
                 for system in systems:
                     say(f"warming up {system.name}")
                     await system.serial(20, "warm")
@@ -154,8 +186,8 @@ async def _compare(found: Services, args: argparse.Namespace, broker_kind: str |
                         )
                 checks = [f"{s.name}: {await s.verify()}" for s in systems]
             finally:
-                for system in (restate, dbos):
-                    await system.close()
+                for peer in peers:
+                    await peer.close()
                 await pg.close()
     finally:
         await scratch.cleanup()
@@ -171,7 +203,7 @@ async def _compare(found: Services, args: argparse.Namespace, broker_kind: str |
 
 def main(argv: list[str] | None = None) -> int:
     args = _arguments(argv)
-    problem = _procs.installed()
+    problem = _procs.installed() if not args.only or set(args.only) & set(PEERS) else None
     if problem is not None:
         print(f"python -m benchmarks.peers: {problem}", file=sys.stderr)
         return 2

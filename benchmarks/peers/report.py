@@ -10,8 +10,9 @@ p50 and for CPU it is toolledger's over the peer's (above 1: toolledger is slowe
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from benchmarks.peers import sixths
 from benchmarks.peers._systems import System
 
 
@@ -29,6 +30,9 @@ class Round:
     #: system does not measure it), and of the floor measured between them.
     added: float | None = None
     added_floor: float | None = None
+    #: Every serial step's seconds, in order, and samples of the concurrent phase.
+    serial: list[float] = field(default_factory=list)
+    trace: sixths.Trace = field(default_factory=sixths.Trace)
 
     @property
     def cpu_total(self) -> float:
@@ -87,6 +91,11 @@ def render(
                 f"{median([a.cpu_total / b.cpu_total for a, b in pairs]):.2f}x"
             )
     out += _goals(rounds, idle, median)
+    out += _budget(rounds, median)
+    if LEADER in rounds:
+        rs = rounds[LEADER]
+        cut = sixths.sixths([r.serial for r in rs], [r.trace for r in rs], median)
+        out += sixths.render(LEADER, cut)
     out += ["", "idle CPU (nothing asked of it, before the rounds; counted in CPU per step):"]
     for system in systems:
         parts = ", ".join(f"{p} {v * 1000:.0f} ms/s" for p, v in idle[system.name].items())
@@ -95,6 +104,28 @@ def render(
     out += [f"  {s.name}: {s.durable}" for s in systems]
     out += ["", "checks:", *(f"  {c}" for c in checks), "", note]
     return "\n".join(out)
+
+
+#: CPU per step each part of the leader row may take (issue 46), in µs.
+BUDGET = {"runtime": 150, "projector": 220, "PostgreSQL": 100, "broker": 60}
+
+
+def _budget(
+    rounds: dict[str, list[Round]], median: Callable[[Sequence[float]], float]
+) -> list[str]:
+    """The leader row's CPU per step, part by part, against issue 46's budget."""
+    if LEADER not in rounds:
+        return []
+    lines = ["", f"{LEADER}: CPU per step against its budget (issue 46):"]
+    for part, budget in BUDGET.items():
+        value = median([r.cpu.get(part, 0.0) for r in rounds[LEADER]]) * 1e6
+        lines.append(
+            f"  {part}: {value:,.0f} µs (budget <= {budget} µs) "
+            f"{'met' if value <= budget else 'not met'}"
+        )
+    total = median([r.cpu_total for r in rounds[LEADER]]) * 1e6
+    lines.append(f"  total: {total:,.0f} µs (about {sum(BUDGET.values())} µs)")
+    return lines
 
 
 #: The systems the fast path's goals (issue 25) are read from, and the peer they name.

@@ -211,6 +211,30 @@ class EventLogTestCase(ABC):
             p: f"{i}".encode() for i, p in enumerate(positions)
         }
 
+    async def test_appends_made_together_land_as_one_at_a_time_would_and_say_where(
+        self, logs: Logs
+    ) -> None:
+        """A leader proves its batch by the offsets `append_many` returns: each must be the
+        offset its own record landed at (a record batch's base plus its place in it, on Kafka),
+        in the partition `append` would give its key, whatever the mix of keys; one wrong
+        offset and the leader folds another record's event as this one."""
+        log = await logs.open()
+        await log.ensure_topic(3)
+        same = [(key_in(1, 3), f"a{i}".encode()) for i in range(12)]
+        mixed = [(f"run-{i % 5}", f"b{i}".encode()) for i in range(15)]
+
+        positions = await log.append_many(same) + await log.append_many(mixed)
+
+        records = same + mixed
+        assert len(set(positions)) == len(records)
+        assert [p.partition for p in positions] == [partition_for(k, 3) for k, _ in records]
+        assert [p.offset for p in positions[:12]] == list(range(1, 13))
+        found = await read(await logs.reader(log, dict.fromkeys(range(3), 1)), len(records))
+        at = {(r.partition, r.offset): (r.key, r.value) for rs in found.values() for r in rs}
+        assert [at[(p.partition, p.offset)] for p in positions] == [
+            (k.encode(), v) for k, v in records
+        ]
+
     async def test_a_reader_following_several_producers_sees_every_offset_once_in_order(
         self, logs: Logs
     ) -> None:

@@ -820,6 +820,34 @@ class TestLedgerStoreContract:
                 ]
                 assert [t.run_id for t in texts] == [v.run_id for v in applied.verdicts]
 
+    @pytest.mark.parametrize(("seed", "count", "sizes"), [(8, 400, (1, 40)), (9, 1600, (60, 300))])
+    async def test_batches_a_leader_folded_write_the_reference_ledger(
+        self, ledger: LedgerStore, seed: int, count: int, sizes: tuple[int, int]
+    ) -> None:
+        """A batch written from a leader's fold (`apply_folded`: its verdicts and rows, decided
+        once, without history) must leave exactly the rows, history chains, verdicts and dead
+        letters that folding it in the store does, mixed in any order with batches the store
+        folds itself: a history entry chained to the wrong head, or a row the leader changed
+        left as it was, would differ from the reference."""
+        mixed = MixedLog(seed, count)
+        reference = mixed.log.reference
+        leader = LedgerFold(keys=KEYS, with_history=False)
+        pending = {p: mixed.batches(p, sizes) for p in (0, 1)}
+        ways: Counter[str] = Counter()
+        while pending[0] or pending[1]:
+            b = pending[mixed.rng.choice([p for p in (0, 1) if pending[p]])].pop(0)
+            folded = [leader.folded(item) for item in b.items]
+            if mixed.rng.random() < 0.7:
+                ways["folded"] += 1
+                applied = await ledger.apply_folded(b.partition, b.start, b.next, folded)
+            else:
+                ways["written"] += 1
+                applied = await ledger.apply_written(b.partition, b.start, b.next, b.items)
+            assert applied.verdicts == [reference.verdicts[v.event_id] for v in applied.verdicts]
+            assert applied.verdicts == [f.verdict for f in folded if f.verdict is not None]
+        assert ways["folded"] and ways["written"]
+        await assert_same_ledger(ledger, reference)
+
     async def test_a_batch_that_fails_midway_writes_nothing(
         self, ledger: LedgerStore, monkeypatch: pytest.MonkeyPatch
     ) -> None:

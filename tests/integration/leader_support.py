@@ -29,6 +29,7 @@ from toolledger.leader.runtime_side.port import LeaderPort
 from toolledger.projections.migrations import quote_ident
 from toolledger.projections.postgres import PostgresLedger
 from toolledger.projections.replay import compare, replay
+from toolledger.projections.store import LedgerStore
 from toolledger.settings import ProjectorSettings, Settings
 from toolledger.wiring.leader import leader_port
 from toolledger.wiring.stack import LedgerStack
@@ -59,6 +60,21 @@ async def all_led(port: LeaderPort, partitions: int) -> dict[int, str | None]:
         return found if len([a for a in found.values() if a]) == partitions else None
 
     return await until(led, timeout=15, what="a leader registered for every partition")
+
+
+def hold_commits(store: LedgerStore) -> asyncio.Event:
+    """Hold every batch `store` would write (folded there or by a leader) until the event
+    returned is set: the state "answered, projection not committed"."""
+    released = asyncio.Event()
+    for name in ("apply_written", "apply_folded"):
+        write = getattr(store, name)
+
+        async def held(*args: Any, _write: Any = write, **kwargs: Any) -> Any:
+            await released.wait()
+            return await _write(*args, **kwargs)
+
+        setattr(store, name, held)
+    return released
 
 
 def leader_of(stack: LedgerStack) -> LeaderServer:

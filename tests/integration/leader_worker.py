@@ -4,9 +4,10 @@
 a projector on the `TOOLLEDGER_*` environment and prints `leading` once it holds every partition
 with the change in force:
 
-- `never-commits` (the default): the store's batch write is replaced by a wait that never
-  ends. The leader folds and answers from memory as usual, and the projector is stuck in its
-  first batch's transaction forever: the state "answered, projection not committed" that
+- `never-commits` (the default): the store's batch writes (a batch it folds, and a batch
+  the leader folded) are replaced by a wait that never ends. The leader folds and answers
+  from memory as usual, and the projector is stuck in its first batch's transaction
+  forever: the state "answered, projection not committed" that
   `tests/integration/test_leader.py` SIGKILLs it in.
 - `late-lock-checks`: once every partition is held, the projector re-checks its advisory locks
   only hourly (`Projector.ownership_interval`, a quarter of a second otherwise). Frozen, taken
@@ -74,6 +75,7 @@ async def main(mode: str) -> None:
 
     if mode == "never-commits":
         stack.store.apply_written = never_commits  # type: ignore[method-assign]
+        stack.store.apply_folded = never_commits  # type: ignore[method-assign]
     projector = stack.projector
     assert projector is not None
     if mode == "blocks-loop":

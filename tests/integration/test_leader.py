@@ -25,6 +25,7 @@ from tests.fake_billing import FakeBilling, issue_credit, issue_credit_unreconci
 from tests.integration.leader_support import all_led as _all_led
 from tests.integration.leader_support import calls as _calls
 from tests.integration.leader_support import history_count as _history_count
+from tests.integration.leader_support import hold_commits as _hold_commits
 from tests.integration.leader_support import leader_of as _leader
 from tests.integration.leader_support import leader_settings as _settings
 from tests.integration.leader_support import runtime_port as _runtime
@@ -38,8 +39,6 @@ from toolledger.events.models import Event
 from toolledger.events.records import CallRecord, Verdict
 from toolledger.leader.runtime_side.frames import Kind, encode_frame
 from toolledger.port import CallQuery
-from toolledger.projections import projector as projector_module
-from toolledger.projections.projector import Projector
 from toolledger.wiring.stack import LedgerStack
 
 
@@ -186,13 +185,7 @@ async def test_reads_of_postgresql_after_a_leaders_answer_wait_for_its_commit(
     settings = _settings(isolated)
     async with running_stack(settings) as stack, _runtime(stack, settings) as port:
         await _all_led(port, partitions)
-        apply_written, released = stack.store.apply_written, asyncio.Event()
-
-        async def held(*args: Any, **kwargs: Any) -> Any:
-            await released.wait()
-            return await apply_written(*args, **kwargs)
-
-        stack.store.apply_written = held  # type: ignore[method-assign]
+        released = _hold_commits(stack.store)
         reserved = b.reserved("r-ryw", "c1")
         assert (await port.append_and_await(reserved, 10)).accepted
         assert port.stats == {"leader": 1, "direct": 0}
@@ -246,70 +239,6 @@ async def test_the_projector_does_not_decode_again_what_its_leader_appended(
         assert decoded == [foreign.event_id]
 
 
-async def _carried(stack: LedgerStack, port: Any, partitions: int) -> Projector:
-    """`stack`'s projector once every partition has been asked of its leader (one call each)
-    and is parked: the leader hands its records over, the reader fetches none of them."""
-    projector = stack.projector
-    assert projector is not None
-    runs = {partition_for(f"warm-{i}", partitions): f"warm-{i}" for i in range(50)}
-    for partition in range(partitions):
-        await port.append_and_await(b.reserved(runs[partition], "c1"), 10)
-    await until(
-        lambda: projector.parked == set(range(partitions)),
-        timeout=10,
-        what="every partition parked",
-        interval=0.005,
-    )
-    return projector
-
-
-async def test_the_projector_takes_its_leaders_records_instead_of_fetching_them_back(
-    isolated: Isolated, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Fetching back what its own leader appended cost the local broker more than the appends
-    did, so the projector must commit the leader's records from what the leader hands over,
-    fetching none of them, and still fetch another writer's record when its hint comes."""
-    monkeypatch.setattr(projector_module, "PROBE_EVERY_S", 3600.0)  # no probe fetches
-    settings = _settings(isolated)
-    async with running_stack(settings) as stack, _runtime(stack, settings) as port:
-        await _all_led(port, settings.partitions)
-        projector = await _carried(stack, port, settings.partitions)
-        fetched, handed = projector.stats.fetched, projector.stats.handed
-        events = _calls(4, tag="r-handed")
-        answered = [await port.append_and_await(e, 10) for e in events]
-        ids = [e.event_id for e in events]
-        committed = await until(
-            lambda: _all_verdicts(stack, ids), timeout=15, what="the leader's records committed"
-        )
-        assert [committed[i] for i in ids] == answered
-        assert projector.stats.handed - handed == len(events)
-        assert projector.stats.fetched == fetched, "the leader's records were fetched back"
-        foreign = b.reserved("r-foreign", "c1")
-        verdict = await stack.commands.append_and_await(foreign, 10)  # hinted, then fetched
-        assert verdict.accepted and projector.stats.fetched > fetched
-
-
-async def test_a_record_nobody_hinted_is_still_fetched_from_a_carried_partition(
-    isolated: Isolated, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A hint can be lost. A partition its leader carries is fetched only after hints, so
-    without the periodic probe a foreign record nobody hinted would wait, uncommitted, for
-    as long as the leader appended nothing after it."""
-    monkeypatch.setattr(projector_module, "PROBE_EVERY_S", 0.3)
-    settings = _settings(isolated)
-    async with running_stack(settings) as stack, _runtime(stack, settings) as port:
-        await _all_led(port, settings.partitions)
-        projector = await _carried(stack, port, settings.partitions)
-        foreign = b.reserved("r-unhinted", "c1")
-        await stack.events.append(foreign.run_id, encode(foreign), hint=False)
-        assert partition_for(foreign.run_id, settings.partitions) in projector.parked
-        await until(
-            lambda: stack.store.verdicts([foreign.event_id]),
-            timeout=5,
-            what="the unhinted record committed",
-        )
-
-
 async def test_a_pipelined_call_runs_on_the_leaders_answers_while_no_commit_lands(
     isolated: Isolated, tmp_path: Path
 ) -> None:
@@ -321,13 +250,7 @@ async def test_a_pipelined_call_runs_on_the_leaders_answers_while_no_commit_land
     service = use_service(FakeBilling(tmp_path / "billing.db"))
     async with running_stack(settings) as stack, _runtime(stack, settings) as port:
         await _all_led(port, settings.partitions)
-        apply_written, released = stack.store.apply_written, asyncio.Event()
-
-        async def held(*args: Any, **kwargs: Any) -> Any:
-            await released.wait()
-            return await apply_written(*args, **kwargs)
-
-        stack.store.apply_written = held  # type: ignore[method-assign]
+        released = _hold_commits(stack.store)
         ledger = Ledger(port, verdict_timeout=5)
         outcome = await ledger.call(
             credit, run_id="r-pipe", tool_call_id="c1", tenant_id="acme", arguments=ARGS

@@ -58,3 +58,24 @@ async def test_a_run_is_read_whole_only_with_all_its_calls(
     assert set(loaded.runs) == {"few", "many"}
     assert loaded.whole == {"few"}  # "many" has more calls than a load takes; "new" no row
     assert loaded.calls == {k: fold.calls[k] for k in ("few:c0", "few:c1", "few:c2")}
+
+
+async def test_event_ids_alone_are_read_with_the_stored_offset_and_their_first_verdicts(
+    reads: tuple[PostgresLedger, LeaderReads],
+) -> None:
+    """A batch whose keys and runs memory knows asks only whether its event_ids were decided
+    (`DECIDED`, a statement of its own): that read must still come with the stored offset (its
+    provenance), and a resend's answer must be its first verdict, not none."""
+    store, leader = reads
+    fold = LedgerFold()
+    first = b.reserved("r1", "c1")
+    batch = [Positioned(0, 1, first), Positioned(0, 2, b.completed(first))]
+    verdicts = [fold.apply(item) for item in batch]
+    await store.apply_batch(0, 1, 3, batch)
+    fresh = uuid.uuid4()
+
+    loaded = await leader.load(0, Needs(event_ids=frozenset({first.event_id, fresh})), 7)
+
+    assert (loaded.stored, loaded.generation) == (3, 7)
+    assert loaded.decided == {first.event_id: verdicts[0]}
+    assert loaded.calls == {} and loaded.runs == {}

@@ -116,7 +116,9 @@ async def test_a_frozen_leader_taken_over_answers_only_the_logs_verdicts_and_wri
             await freeze_between_batches(db, a)
             stalled: list[Event] = [*completed[parts : 2 * parts], reserved[0]]
             to_a = LeaderConnection(a_address)
-            queued = [asyncio.create_task(to_a.request(Kind.APPEND, encode(e))) for e in stalled]
+            queued = [
+                asyncio.create_task(to_a.request(Kind.APPEND, encode(e), 120)) for e in stalled
+            ]
             assert await db.terminate([f"toolledger-locks-{a.pid}"]) == 1
             await owns_every_partition(db, b_proc, parts)
 
@@ -177,7 +179,7 @@ async def test_a_frozen_leader_taken_over_answers_only_the_logs_verdicts_and_wri
                     (Kind.APPEND, encode(_first_of(reserved, run_id))),
                     (Kind.READ, json.dumps({"key": f"{run_id}:c0", "run_id": run_id}).encode()),
                 ):
-                    frame = await asyncio.wait_for(to_a.request(kind, body), 10)
+                    frame = await to_a.request(kind, body, 10)
                     assert frame.kind is Kind.NOT_LEADER, (kind, frame)
             await to_a.close()
 

@@ -175,7 +175,7 @@ class Scene:
                 late = b.reserved(run, "late", tenant="lease")
                 read = json.dumps({"key": f"{run}:late", "run_id": run}).encode()
                 for kind, body in ((Kind.APPEND, encode(late)), (Kind.READ, read)):
-                    frame = await asyncio.wait_for(to_zombie.request(kind, body), 10)
+                    frame = await to_zombie.request(kind, body, 10)
                     assert frame.kind is Kind.NOT_LEADER, (kind, frame)
         finally:
             await to_zombie.close()

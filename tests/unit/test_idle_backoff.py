@@ -10,7 +10,7 @@ import pytest
 
 from toolledger.events.log import Position
 from toolledger.events.pacing import IdleBackoff
-from toolledger.projections.hints import AppendHints
+from toolledger.projections.hints import AppendHints, parse_hint
 
 
 def test_a_reader_with_records_flowing_never_waits() -> None:
@@ -63,7 +63,9 @@ def test_a_bound_of_zero_never_backs_off() -> None:
 
 async def test_hints_to_another_process_are_rate_limited_per_partition() -> None:
     """Under load a runtime must not send a notification per append: one per partition per
-    quiet period, since the reader it woke polls at once for longer than that."""
+    quiet period. The first append is hinted at once; those made during the quiet period
+    after it are hinted together when it ends, with the last one's end, or a projector
+    fetching a carried partition only as far as its hints say would never read them."""
     sent: list[str] = []
 
     async def notify(payload: str) -> None:
@@ -77,13 +79,24 @@ async def test_hints_to_another_process_are_rate_limited_per_partition() -> None
         await asyncio.sleep(0)  # the hint is sent before the next append
         await asyncio.sleep(0)
         now[0] += 0.01
-    assert sorted(",".join(sent).split(",")) == ["1", "3"], sent
+    assert sent == ["1:1,3:1"]
     now[0] += 0.1
+    await asyncio.sleep(0.1)  # the quiet period ends: one hint for what came during it
+    assert sent == ["1:1,3:1", "1:5,3:5"]
+    now[0] += 0.2
     hints.appended(Position(3, 9))
     await asyncio.sleep(0)
     await asyncio.sleep(0)
-    assert sent[-1] == "3"
+    assert sent[-1] == "3:10"
     await hints.close()
+
+
+def test_a_hint_names_each_partition_with_its_end() -> None:
+    """What a projector hears: ends where a writer sent them, none from an older writer's bare
+    partition numbers, and every partition when the payload is not a hint at all."""
+    assert parse_hint("1:5,3:10") == {1: 5, 3: 10}
+    assert parse_hint("2,4") == {2: None, 4: None}
+    assert parse_hint("garbage") is None
 
 
 async def test_a_hint_that_could_not_be_sent_is_not_counted_as_sent() -> None:
@@ -101,7 +114,7 @@ async def test_a_hint_that_could_not_be_sent_is_not_counted_as_sent() -> None:
     await asyncio.sleep(0.05)
     hints.appended(Position(0, 2))
     await asyncio.sleep(0.05)
-    assert calls == ["0", "0"]
+    assert calls == ["0:2", "0:3"]
     assert hints.sent == 1
     await hints.close()
 
@@ -123,6 +136,6 @@ async def test_a_partition_owned_here_is_woken_here(owned: bool) -> None:
     hints = AppendHints(notify, wake)
     hints.appended(Position(2, 7))
     await asyncio.sleep(0.05)
-    assert woken == [(2,)]
-    assert sent == ([] if owned else ["2"])
+    assert woken == [{2: 8}]
+    assert sent == ([] if owned else ["2:8"])
     await hints.close()

@@ -1,4 +1,4 @@
-"""What a projector remembers of a partition's rows (`_Known`): a small batch's reads cost what
+"""What a projector remembers of a partition's rows (`KnownRows`): a small batch's reads cost what
 the batch names, not what the partition remembers.
 
 A projector keeps up to `KNOWN_LIMIT` rows of each partition it owns, and folds each small
@@ -15,7 +15,7 @@ from typing import Any, Generic, TypeVar
 from tests.builders import reserved
 from toolledger.events.fold import Positioned
 from toolledger.events.records import CallRecord, RunRecord
-from toolledger.projections.postgres import _Known
+from toolledger.projections.known_rows import KnownRows
 
 V = TypeVar("V")
 
@@ -34,9 +34,9 @@ class Unwalked(dict[str, V], Generic[V]):
         return super().keys()
 
 
-def _known(rows: int) -> _Known:
+def _known(rows: int) -> KnownRows:
     """A partition's memory of `rows` calls, runs and histories, all known absent."""
-    known = _Known(next_offset=10)
+    known = KnownRows(next_offset=10)
     known.calls = Unwalked[CallRecord | None]((f"old{n}:c", None) for n in range(rows))
     known.runs = Unwalked[RunRecord | None]((f"old{n}", None) for n in range(rows))
     known.heads = Unwalked[str | None](

@@ -1,22 +1,26 @@
-"""A leader hands its projector the records it appended and proved, instead of the projector
-fetching them back (`PartitionAppender.take_proven`, `Projector._take_handed`).
+"""A leader hands its projector the records it appended and proved, folded, instead of the
+projector fetching them back and folding them again (`PartitionAppender.take_proven`,
+`Projector._take_handed`).
 
 What is handed over must be exactly what the log holds at those offsets, the foreign records
-a batch had to fetch before it included, in order and without holes; and where memory has
-folded records it no longer holds, the projector must be told to fetch, not given a hole.
-These run the appender on the in-memory log, whose records are read back to compare.
+a batch had to fetch before it included, in order and without holes, each with the verdict a
+fold of the log reaches and marked as the leader's own or not; and where memory has folded
+records it no longer holds, the projector must be told to fetch, not given a hole. These run
+the appender on the in-memory log, whose records are read back to compare.
 """
 
 from __future__ import annotations
 
 from tests import builders as b
-from toolledger.events.codec import encode
+from toolledger.events.codec import decode, encode
+from toolledger.events.fold import LedgerFold, Positioned
 from toolledger.events.log import LogRecord, partition_for
 from toolledger.events.memory import MemoryLog
 from toolledger.events.models import Event
 from toolledger.leader.projector_side.appender import GapReader, PartitionAppender
 from toolledger.leader.projector_side.partition import LeaderPartition, Loaded, Needs
 from toolledger.leader.runtime_side.frames import Kind
+from toolledger.projections.following import Proven
 
 START = 1  # offset 0 holds the epoch marker
 
@@ -42,11 +46,15 @@ async def _log_records(log: MemoryLog, start: int) -> list[LogRecord]:
     return fetched.get(0, [])
 
 
-def _same(handed: list[LogRecord], held: list[LogRecord]) -> bool:
-    """The projector reads a record's partition, offset, key and value, nothing else."""
-    return [(r.partition, r.offset, r.key, r.value) for r in handed] == [
-        (r.partition, r.offset, r.key, r.value) for r in held
-    ]
+def _same(handed: list[Proven], held: list[LogRecord]) -> bool:
+    """Each handed record is the log's (its position, the event its bytes decode to), and
+    carries the verdict the reference fold of the log reaches for it."""
+    reference = LedgerFold(keys=b.KEYS)
+    verdicts = [reference.apply(Positioned(0, r.offset, decode(r.value))) for r in held]
+    return [
+        (p.folded.item.partition, p.offset, p.folded.item.event, p.folded.verdict)  # type: ignore[union-attr]
+        for p in handed
+    ] == [(r.partition, r.offset, decode(r.value), v) for r, v in zip(held, verdicts, strict=True)]
 
 
 async def _submit(appender: PartitionAppender, event: Event) -> Kind:
@@ -66,6 +74,7 @@ async def test_proven_records_are_the_logs_own_foreign_ones_included() -> None:
     handed = appender.take_proven(START)
     assert handed is not None
     assert [r.offset for r in handed] == [1, 2, 3]
+    assert [r.own for r in handed] == [True, False, True]
     assert _same(handed, await _log_records(log, START))
     assert appender.take_proven(4) == [], "each record is handed over once"
 

@@ -1,12 +1,19 @@
-"""Leaders answering from memory, against the log, in every order hypothesis can find.
+"""Leaders answering from memory, and projections following them, in every order hypothesis
+can find.
 
-The machine holds one partition's log, the projection's committed state in "PostgreSQL" (the
-fold of the log before the stored offset, and that offset), and one or two `LeaderPartition`s:
-the current owner and possibly a zombie that was superseded without being told. Rules let
-foreign writers append, leaders produce (the record lands in the log at once; its acknowledgement
-comes later, or never), acknowledgements arrive in any order, gap fetches return any part of the
-gap, acknowledgements get lost and are resent with the same event_id, the projector of either
-leader commits (the zombie's compare-and-set fails), and a new owner takes over.
+The machine holds one partition's log, the projection in "PostgreSQL" (a `MemoryLedger`: its
+rows, history and verdicts, and the stored offset its compare-and-set guards), and up to three
+`LeaderPartition`s, each in a projector process of its own: the current owner and possibly
+zombies that were superseded without being told. Rules let foreign writers append, leaders
+produce (the record lands in the log at once; its acknowledgement comes later, or never),
+acknowledgements arrive in any order, gap fetches return any part of the gap, acknowledgements
+get lost and are resent with the same event_id, a new owner takes over, and the owner's process
+restarts. A leader hands its projector every record it proves, with what it folded
+(`Proven`); a projector commits from its position: the handed records as the leader folded
+them, the rest fetched and given to its leader before the commit (`folding`), which folds what
+it had not, and the batch is written from the leader's fold when every record has one
+(`apply_folded`), else folded by the store (`apply_written`), as `Projector` does. A zombie's
+compare-and-set fails.
 
 The invariants are the fast path's promise (docs/architecture.md, "The leader fast path"):
 
@@ -14,22 +21,27 @@ The invariants are the fast path's promise (docs/architecture.md, "The leader fa
   that event_id, which is the fold of the log prefix up to its (first) record;
 - every record a leader answered a read with equals the reference fold's record up to the
   leader's folded offset;
+- after every commit the projection equals a replay of the log from its start up to the stored
+  offset: calls, runs, history (chains included) and verdicts;
 - a leader that found itself superseded answers nothing more.
 
-A failure here is a verdict the fast path would have answered differently from the ledger.
+A failure here is a verdict the fast path would have answered differently from the ledger, or
+a projection that a leader's fold made differ from the log's.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from tests import builders as b
-from toolledger.events.fold import LedgerFold, Positioned
+from toolledger.events.fold import Folded, LedgerFold, Positioned
+from toolledger.events.log import LogIdentity
 from toolledger.events.models import CallReserved, Event
 from toolledger.events.records import CallRecord, Verdict
 from toolledger.leader.projector_side.partition import (
@@ -40,11 +52,27 @@ from toolledger.leader.projector_side.partition import (
     Loaded,
     Needs,
 )
+from toolledger.projections.following import Proven
+from toolledger.projections.memory import MemoryLedger
+from toolledger.projections.projector import all_folded
+from toolledger.projections.store import OffsetConflict
 
 RUNS = ("r1", "r2")
 CALLS = ("c1", "c2")
 START = 1  # offset 0 holds the epoch marker
 OUTCOMES: tuple[Callable[..., Event], ...] = (b.completed, b.failed, b.abandoned, b.indeterminate)
+IDENTITY = LogIdentity("toolledger.events", uuid.uuid4(), 1)
+T = TypeVar("T")
+
+
+def now(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine that never suspends (the memory store's uncontended writes) to its end."""
+    try:
+        coroutine.send(None)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    coroutine.close()
+    raise AssertionError("the store suspended: this machine drives it without a loop")
 
 
 class LeaderMachine(RuleBasedStateMachine):
@@ -63,6 +91,10 @@ class LeaderMachine(RuleBasedStateMachine):
         self.stopped: set[int] = set()  # leaders that found themselves superseded
         self.loading: list[tuple[int, Loaded]] = []  # reads asked, not yet answered
         self.t = 0.0
+        self.store = MemoryLedger(verify_keys=b.KEYS)
+        now(self.store.bind_log(IDENTITY))
+        self.handed: dict[int, list[Proven]] = {0: []}  # what each leader proved, for its projector
+        self.ways: dict[str, int] = {"folded": 0, "written": 0}
 
     # -- the reference: the log's own fold -----------------------------------------------------
 
@@ -93,19 +125,19 @@ class LeaderMachine(RuleBasedStateMachine):
             whole=whole,
         )
 
-    def fold_into(self, index: int, items: list[Item], end: int) -> bool:
-        """Load what the leader lacks, then fold; False if it found itself superseded."""
+    def fold_into(self, index: int, items: list[Item], end: int) -> list[Folded] | None:
+        """Load what the leader lacks, then fold; what it folded, None if it could not (it
+        found itself superseded, or memory skipped a batch)."""
         leader = self.leaders[index]
         try:
             while needs := leader.needs(i for i in items if i.offset >= leader.next):
                 leader.learn(self.load(leader, needs))
-            leader.fold(items, end)
+            return leader.fold(items, end)
         except LeaderBehind:
-            return False  # memory skipped a batch: nothing proven until its commit
+            return None  # memory skipped a batch: nothing proven until its commit
         except LeaderSuperseded:
             self.stopped.add(index)
-            return False
-        return True
+            return None
 
     # -- events ---------------------------------------------------------------------------------
 
@@ -167,8 +199,11 @@ class LeaderMachine(RuleBasedStateMachine):
             else:  # a fetch returns any non-empty part of the gap
                 end = data.draw(st.integers(leader.next + 1, offset))
                 items = [self.item(o) for o in range(leader.next, end)]
-            if not self.fold_into(index, items, end):
+            folded = self.fold_into(index, items, end)
+            if folded is None:
                 return
+            own = offset  # a gap's records are foreign, the acknowledged one the leader's
+            self.handed[index] += [Proven(f, f.item.offset == own) for f in folded]
         if leader.superseded is not None:
             self.stopped.add(index)
             return
@@ -180,24 +215,52 @@ class LeaderMachine(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def projector_commits(self, data: st.DataObject) -> None:
-        """A leader's projector folds the log from its position and commits by CAS."""
+        """A leader's projector commits from its position: what its leader handed over as it
+        folded it, the rest fetched and folded by the leader before the commit (or skipped, if
+        nobody asked it lately), written from the fold when every record has one."""
         index = data.draw(st.sampled_from(range(len(self.leaders))))
         leader = self.leaders[index]
         start = self.projected[index]
         end = data.draw(st.integers(start, START + len(self.log)))
+        items: list[Item] = [self.item(o) for o in range(start, end)]
+        taken = data.draw(st.integers(0, len(self.handed[index])))  # handed over so far
+        handed = {p.offset: p.folded for p in self.handed[index][:taken] if start <= p.offset < end}
+        fresh: list[Folded] = []
         idle = data.draw(st.booleans())  # nobody asked this leader lately: memory skips
         if leader.superseded is None and idle and not leader.behind:
             leader.skip(end)
         elif leader.superseded is None and not leader.behind:
-            self.fold_into(index, [self.item(o) for o in range(start, end)], end)
+            fresh = self.fold_into(index, items, end) or []
             if leader.superseded is None:
                 leader.committing(end)
-        if self.stored != start:
+        folded = all_folded(items, handed, fresh)
+        try:
+            if folded is not None:
+                self.ways["folded"] += 1
+                now(self.store.apply_folded(0, start, end, folded))
+            else:
+                self.ways["written"] += 1
+                now(self.store.apply_written(0, start, end, items))
+        except OffsetConflict:
+            assert self.stored != start
             leader.supersede("the offset CAS missed")
             self.stopped.add(index)
             return
+        assert self.stored == start
         self.stored = self.projected[index] = end
+        self.handed[index] = [p for p in self.handed[index] if p.offset >= end]
         leader.committed_to(end)
+
+    @precondition(lambda self: self.leaders[self.owner].superseded is None)
+    @rule()
+    def restart(self) -> None:
+        """The owner's process restarts and takes the partition again at the stored offset:
+        memory, and whatever it had not handed over yet, are gone."""
+        self.leaders[self.owner] = LeaderPartition(0, self.stored, b.KEYS)
+        self.projected[self.owner] = self.stored
+        self.handed[self.owner] = []
+        self.lost += [(i, e) for i, _o, e in self.in_flight if i == self.owner]  # resent later
+        self.in_flight = [(i, o, e) for i, o, e in self.in_flight if i != self.owner]
 
     @precondition(lambda self: len(self.leaders) < 3)
     @rule()
@@ -206,6 +269,7 @@ class LeaderMachine(RuleBasedStateMachine):
         self.leaders.append(LeaderPartition(0, self.stored, b.KEYS))
         self.owner = len(self.leaders) - 1
         self.projected[self.owner] = self.stored
+        self.handed[self.owner] = []
 
     @rule(data=st.data())
     def leader_reads(self, data: st.DataObject) -> None:
@@ -256,6 +320,16 @@ class LeaderMachine(RuleBasedStateMachine):
         reference = self.fold_of(START + len(self.log)).verdicts
         for index, verdict in self.answered:
             assert verdict == reference[verdict.event_id], (index, verdict.event_id)
+
+    @invariant()
+    def the_projection_is_a_replay_of_the_log_up_to_its_offset(self) -> None:
+        reference = self.fold_of(self.stored)
+        fold = self.store.fold
+        assert fold.calls == reference.calls
+        assert fold.runs == reference.runs
+        assert fold.verdicts == reference.verdicts
+        assert sorted(fold.history, key=lambda e: e.offset) == reference.history
+        assert now(self.store.partition_state(0)).next_offset == self.stored  # type: ignore[union-attr]
 
     @invariant()
     def reads_are_the_logs(self) -> None:

@@ -1,10 +1,11 @@
 """A projector's commits lingering while its follower answers a partition from memory.
 
-`Projector.linger`: records fetched for a partition whose follower `lingers` over them wait
-for more and commit together: when the oldest has waited `linger` seconds, when `batch_size` of
-them wait, when a record nobody may keep waiting (a foreign writer's) arrives, or when the
-projector stops. Other partitions commit each fetch at once, as always. The
-in-memory log and ledger, a follower that only says which partitions linger.
+`Projector.linger`: records a follower appended itself and handed over (`Proven.own`) for a
+partition it carries wait for more and commit together: when the oldest has waited `linger`
+seconds, when `batch_size` of them wait, when a record nobody may keep waiting (a foreign
+writer's) arrives, or when the projector stops. Other partitions commit each fetch at once, as
+always. The in-memory log and ledger, and a follower that appends, folds and hands over as a
+leader does, on the partitions it carries.
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ from collections.abc import Callable, Sequence
 
 from tests import builders as b
 from toolledger.events.codec import encode
-from toolledger.events.fold import DeadLetter, Positioned
-from toolledger.events.log import LogRecord, partition_for
-from toolledger.events.memory import MemoryBroker
+from toolledger.events.fold import DeadLetter, Folded, LedgerFold, Positioned
+from toolledger.events.log import partition_for
+from toolledger.events.memory import MemoryBroker, MemoryLog
 from toolledger.events.models import CallReserved
-from toolledger.projections.following import PartitionFollower
+from toolledger.projections.following import PartitionFollower, Proven
 from toolledger.projections.memory import MemoryLedger
 from toolledger.projections.ownership import MemoryPartitionLocks
 from toolledger.projections.projector import Projector
@@ -27,16 +28,20 @@ PARTITIONS = 2
 
 
 class _Lingering(PartitionFollower):
-    """Lingers on `partitions`; remembers each commit's end offset."""
+    """Carries `partitions` as a leader does: appends their records itself, folds them and
+    hands them over; folds the foreign records the projector fetched before each commit;
+    remembers each commit's end offset."""
 
     def __init__(self, partitions: set[int]) -> None:
         self.partitions = partitions
-        #: Records a foreign writer appended (awaited by it: never held).
-        self.foreign: set[bytes] = set()
+        self.fold = LedgerFold(keys=b.KEYS, with_history=False)
+        self.folded_to: dict[int, int] = {}
+        self.handed: dict[int, list[Proven]] = {}
         self.commits: list[tuple[int, int]] = []
+        self.wake: Callable[[int], None] | None = None
 
     async def took(self, partition: int, next_offset: int) -> None:
-        pass
+        self.folded_to[partition] = next_offset
 
     async def folding(
         self,
@@ -44,8 +49,10 @@ class _Lingering(PartitionFollower):
         items: Sequence[Positioned | DeadLetter],
         next_offset: int,
         halted: bool,
-    ) -> None:
-        pass
+    ) -> list[Folded]:
+        fresh = [i for i in items if i.offset >= self.folded_to.get(partition, 0)]
+        self.folded_to[partition] = max(self.folded_to.get(partition, 0), next_offset)
+        return [self.fold.folded(item) for item in fresh]
 
     def committed(self, partition: int, next_offset: int) -> None:
         self.commits.append((partition, next_offset))
@@ -53,8 +60,29 @@ class _Lingering(PartitionFollower):
     def released(self, partition: int) -> None:
         pass
 
-    def lingers(self, partition: int, records: Sequence[LogRecord]) -> bool:
-        return partition in self.partitions and not any(r.value in self.foreign for r in records)
+    def attach(self, wake: Callable[[int], None]) -> None:
+        self.wake = wake
+
+    def carries(self, partition: int) -> bool:
+        return partition in self.partitions
+
+    def covered(self, partition: int) -> int | None:
+        return self.folded_to.get(partition)
+
+    def proven(self, partition: int, start: int) -> list[Proven] | None:
+        handed = [p for p in self.handed.pop(partition, []) if p.offset >= start]
+        return handed
+
+    async def append(self, events: MemoryLog, event: CallReserved) -> None:
+        """Append `event` as a leader does (no hint), fold it and hand it over."""
+        position = await events.append(event.run_id, encode(event), hint=False)
+        item = Positioned(position.partition, position.offset, event)
+        assert position.offset == self.folded_to[position.partition]
+        self.folded_to[position.partition] = position.offset + 1
+        proven = Proven(self.fold.folded(item), own=True)
+        self.handed.setdefault(position.partition, []).append(proven)
+        assert self.wake is not None
+        self.wake(position.partition)
 
 
 def _runs_in(partition: int, count: int) -> list[str]:
@@ -95,12 +123,15 @@ class _Setup:
     async def append(
         self, partition: int, count: int, *, foreign: bool = False, call: str = "c1"
     ) -> list[CallReserved]:
+        """Records of the follower's own on a partition it carries, else a foreign writer's
+        (hinted with its offset, as a writer on the direct path or the API hints)."""
         events = [b.reserved(run, call) for run in _runs_in(partition, count)]
         for event in events:
-            data = encode(event)
-            if foreign:
-                self.follower.foreign.add(data)
-            await self.events.append(event.run_id, data)
+            if foreign or not self.follower.carries(partition):
+                position = await self.events.append(event.run_id, encode(event))
+                self.projector.wake({position.partition: position.offset + 1})
+            else:
+                await self.follower.append(self.events, event)
         return events
 
     async def stop(self) -> None:

@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 from pydantic import BaseModel, ConfigDict
@@ -107,6 +107,25 @@ class DeadLetter:
     run_id: str | None
     reason: str
     payload: bytes
+
+
+class Folded(NamedTuple):
+    """One record as a fold decided it, and the rows it left: what a store writes for it
+    without deciding it again (`LedgerFold.folded`; a leader's fold handed to its projector).
+
+    `verdict` is None for a dead letter and for an event_id decided before (a resend, which
+    writes nothing); `call` and `run` are the records the fold holds after this record, where
+    it changed them (None: unchanged); `verdict_json` is the verdict's `model_dump_json()` if
+    whoever folded it made it already (a leader, to answer with it), so it is made once. The
+    history entry is not here: it chains to its key's previous entry, which the store that
+    writes it knows (`toolledger.projections.store`).
+    """
+
+    item: Positioned | DeadLetter
+    verdict: Verdict | None
+    call: CallRecord | None
+    run: RunRecord | None
+    verdict_json: str | None = None
 
 
 def actor_of(event: Event) -> str:
@@ -203,6 +222,29 @@ class LedgerFold:
         self.heads[event.key] = entry.chain_hash
         self.history.append(entry)
         return verdict
+
+    def folded(self, item: Positioned | DeadLetter) -> Folded:
+        """`apply`, saying what it decided and which records it changed (`Folded`)."""
+        if isinstance(item, DeadLetter):
+            self.apply(item)
+            run_id = item.run_id
+            return Folded(item, None, None, None if run_id is None else self.runs[run_id])
+        event = item.event
+        calls, runs = self.calls, self.runs
+        key = event.key if event.tool_call_id is not None else None
+        call = None if key is None else calls.get(key)
+        run = runs.get(event.run_id)
+        verdict = self.apply(item)
+        if verdict is None:
+            return Folded(item, None, None, None)
+        after = None if key is None else calls.get(key)
+        run_after = runs.get(event.run_id)
+        return Folded(
+            item,
+            verdict,
+            None if after is call else after,
+            None if run_after is run else run_after,
+        )
 
     def digest(self) -> str:
         """A digest of records, runs and history: equal ledgers have equal digests."""

@@ -33,10 +33,11 @@ Choices that follow from the design (docs/architecture.md, "The projector" and "
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -49,6 +50,7 @@ from aiokafka.errors import (
     for_code,
 )
 from aiokafka.errors import RecordTooLargeError as BrokerRecordTooLarge
+from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.protocol.metadata import MetadataRequest
 
 from toolledger.events.kafka_ends import HighWatermarks
@@ -68,6 +70,7 @@ from toolledger.events.log import (
     check_record_size,
     epoch_marker,
     identity_from_offset_zero,
+    partition_for,
     record_size,
     topic_missing,
 )
@@ -169,6 +172,7 @@ class KafkaLog(EventLog):
             max_batch_size=self._max_batch_size,
             max_request_size=max(self._max_batch_size, self.max_record_bytes),
             request_timeout_ms=self._request_timeout_ms,
+            partitioner=_partition_of,
             **self._connection,
         )
         try:
@@ -245,15 +249,59 @@ class KafkaLog(EventLog):
         *,
         hint: bool = True,
     ) -> Position:
-        if not self._topic_seen:
-            async with self._topic_check:
-                if not self._topic_seen:
-                    await self.partition_count()
-                    self._topic_seen = True
+        await self._see_topic()
         position = await self._send(key.encode(), value, headers, None)
         if hint and self.on_appended is not None:
             self.on_appended(position)
         return position
+
+    async def append_many(
+        self, records: Sequence[tuple[str, bytes]], *, hint: bool = True
+    ) -> list[Position]:
+        """The records built into record batches here, one per run of records bound for the
+        same partition (a leader's batch is one), each handed to the producer whole and
+        acknowledged with its base offset: a record's offset is the base plus its place in
+        the batch, as Kafka assigns them. aiokafka's `send` per record costs about as much
+        Python again as the rest of a leader's work on the record (BENCHMARKS.md, issue 46).
+        Each record's partition is the one `append` gives it: Kafka's default partitioner over
+        the topic's partitions as the producer's metadata knows them."""
+        await self._see_topic()
+        producer = self._started()[1]
+        with self._failures(b"", b"", ()):
+            count = len(await producer.partitions_for(self.topic))
+        runs: list[tuple[int, list[int]]] = []  # (partition, places of its records)
+        for place, (key, _) in enumerate(records):
+            wanted = partition_for(key, count)
+            if runs and runs[-1][0] == wanted:
+                runs[-1][1].append(place)
+            else:
+                runs.append((wanted, [place]))
+        sent: list[tuple[asyncio.Future[Any], list[int]]] = []
+        for partition, places in runs:
+            batch, in_batch = producer.create_batch(), list[int]()
+            for place in places:
+                key, value = records[place]
+                data = key.encode()
+                check_record_size(self.topic, data, value, (), self.max_record_bytes)
+                if batch.append(key=data, value=value, timestamp=None) is None:  # full
+                    sent.append((await self._send_batch(batch, partition), in_batch))
+                    batch, in_batch = producer.create_batch(), list[int]()
+                    if batch.append(key=data, value=value, timestamp=None) is None:
+                        size = record_size(data, value, ())
+                        raise RecordTooLarge(self.topic, key, size, self.max_record_bytes)
+                in_batch.append(place)
+            sent.append((await self._send_batch(batch, partition), in_batch))
+        positions: list[Position | None] = [None] * len(records)
+        for future, batch_places in sent:
+            with self._failures(records[batch_places[0]][0].encode(), b"", ()):
+                landed = await future
+            for index, place in enumerate(batch_places):
+                positions[place] = Position(landed.partition, landed.offset + index)
+        out = [p for p in positions if p is not None]
+        if hint and self.on_appended is not None:
+            for position in out:
+                self.on_appended(position)
+        return out
 
     def reader(self) -> LogReader:
         return KafkaReader(self)
@@ -274,15 +322,40 @@ class KafkaLog(EventLog):
             self._leaders = {int(d["partition"]): int(d["leader"]) for d in described}
         return self._leaders
 
+    async def _send_batch(self, batch: Any, partition: int) -> asyncio.Future[Any]:
+        """Hand a built record batch to the producer; the future of its acknowledgement."""
+        with self._failures(b"", b"", ()):
+            future: asyncio.Future[Any] = await self._started()[1].send_batch(
+                batch, self.topic, partition=partition
+            )
+        return future
+
+    async def _see_topic(self) -> None:
+        """Check once that the topic exists, before the first append creates it by accident."""
+        if not self._topic_seen:
+            async with self._topic_check:
+                if not self._topic_seen:
+                    await self.partition_count()
+                    self._topic_seen = True
+
     async def _send(
         self, key: bytes, value: bytes, headers: Sequence[tuple[str, bytes]], partition: int | None
     ) -> Position:
         producer = self._started()[1]
         check_record_size(self.topic, key, value, headers, self.max_record_bytes)
-        try:
+        with self._failures(key, value, headers):
             sent = await producer.send_and_wait(
                 self.topic, value, key=key, partition=partition, headers=list(headers) or None
             )
+        return Position(sent.partition, sent.offset)
+
+    @contextlib.contextmanager
+    def _failures(
+        self, key: bytes, value: bytes, headers: Sequence[tuple[str, bytes]]
+    ) -> Iterator[None]:
+        """The producer's errors as the log's: too large (permanent), or failed (resend)."""
+        try:
+            yield
         except (MessageSizeTooLargeError, BrokerRecordTooLarge) as exc:
             size = record_size(key, value, headers)
             raise RecordTooLarge(
@@ -293,7 +366,6 @@ class KafkaLog(EventLog):
                 f"append to {self.topic} (key {key.decode(errors='replace')}) failed: {exc!r}; "
                 "it may still have landed, so resend the same event (same event_id)"
             ) from exc
-        return Position(sent.partition, sent.offset)
 
     async def _create(self, partitions: int) -> bool:
         configs = {"retention.ms": "-1", "cleanup.policy": "delete"}
@@ -503,6 +575,14 @@ def _record(record: Any) -> LogRecord:
         timestamp_ms=record.timestamp,
         headers=tuple(record.headers),
     )
+
+
+def _partition_of(key: bytes | None, partitions: list[int], available: list[int]) -> int:
+    """The producer's partitioner: Kafka's default (murmur2 of the key), as `partition_for`
+    computes it and remembers it per key, rather than aiokafka's own murmur2 on every send."""
+    if key is None:  # toolledger keys every record; aiokafka's rule, for anything else
+        return int(DefaultPartitioner()(key, partitions, available))
+    return partitions[partition_for(key.decode(), len(partitions))]
 
 
 class Contiguous:

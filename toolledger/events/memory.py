@@ -218,6 +218,7 @@ class MemoryReader(LogReader):
         self._broker = broker
         self._topic = topic
         self._positions: dict[int, int] = {}
+        self._parked: frozenset[int] = frozenset()
         self._turn = 0
         self._alarm: asyncio.TimerHandle | None = None
         self._alarm_loop: asyncio.AbstractEventLoop | None = None
@@ -236,6 +237,7 @@ class MemoryReader(LogReader):
             if offset < 0:
                 raise LogError(f"cannot read partition {partition} from offset {offset}")
         self._positions = dict(positions)
+        self._parked = frozenset()
 
     async def fetch(self, max_wait: float, max_records: int = 10_000) -> dict[int, list[LogRecord]]:
         topic = self._broker._get(self._topic)
@@ -272,10 +274,19 @@ class MemoryReader(LogReader):
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
+    def park(self, partitions: Collection[int]) -> None:
+        self._parked = frozenset(partitions)
+
+    def skip(self, partition: int, offset: int) -> None:
+        if offset > self._positions.get(partition, offset):
+            self._positions[partition] = offset
+
     def _take(self, topic: _Topic, max_records: int) -> dict[int, list[LogRecord]]:
         """Up to `max_records` new records, starting at a different partition each call so a busy
-        partition cannot starve the others."""
-        order = sorted(self._positions)
+        partition cannot starve the others; none of a parked partition."""
+        order = sorted(p for p in self._positions if p not in self._parked)
+        if not order:
+            return {}
         self._turn = (self._turn + 1) % len(order)
         found: dict[int, list[LogRecord]] = {}
         room = max_records

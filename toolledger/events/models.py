@@ -23,6 +23,8 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from toolledger.events.ids import random_uuid
+
 #: Version of the event schemas *and* of the decider's rules. A rule change that would fold an
 #: old log differently ships with a new version; the recorded-log fixture test guards it.
 #: Version 2: a late outcome that contradicts an operator's or reconcile hook's settlement
@@ -179,7 +181,7 @@ class Event(_Storable):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     type: str
-    event_id: uuid.UUID = Field(default_factory=uuid.uuid4)
+    event_id: uuid.UUID = Field(default_factory=random_uuid)
     key: str
     run_id: RunId
     tool_call_id: str | None = None
@@ -217,7 +219,7 @@ class CallReserved(CallEvent):
     """A driver asks to run the call. `deadline` is when the runtime stops waiting for the tool."""
 
     type: Literal["call_reserved"] = "call_reserved"
-    reservation_id: uuid.UUID = Field(default_factory=uuid.uuid4)
+    reservation_id: uuid.UUID = Field(default_factory=random_uuid)
     run_version: Long | None = None
     tool: str
     effect: Literal["read", "write", "external", "destructive"] = "write"

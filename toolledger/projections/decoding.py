@@ -19,10 +19,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from toolledger.events.codec import DecodeError, decode
-from toolledger.events.fold import DeadLetter, Positioned
+from toolledger.events.fold import DeadLetter, Folded, Positioned
 from toolledger.events.log import LogRecord
 from toolledger.events.models import Event, OperatorEvent
 from toolledger.events.signing import UnknownSigningKey, VerifyKeys
+from toolledger.projections.following import Proven
 from toolledger.projections.gc_pause import gc_paused
 
 
@@ -81,13 +82,7 @@ def _decode_records(
         if record.offset < batch.next_offset:
             continue
         if record.offset > batch.next_offset:
-            batch.stop(
-                f"partition {partition} offset {batch.next_offset}: the log has no record there "
-                f"but has one at {record.offset}. The events topic must not be compacted or "
-                "written with transactions",
-                "; the partition is halted before the hole",
-                "; the replay stopped before the hole",
-            )
+            _hole(batch, partition, record.offset)
             break
         if record.is_epoch_marker:
             batch.next_offset = record.offset + 1
@@ -126,6 +121,59 @@ def _decode_records(
         batch.items.append(batch.dead[-1])
         batch.next_offset = record.offset + 1
     return batch
+
+
+def _hole(batch: DecodedBatch, partition: int, found: int) -> None:
+    batch.stop(
+        f"partition {partition} offset {batch.next_offset}: the log has no record there "
+        f"but has one at {found}. The events topic must not be compacted or "
+        "written with transactions",
+        "; the partition is halted before the hole",
+        "; the replay stopped before the hole",
+    )
+
+
+def decode_entries(
+    partition: int,
+    entries: Sequence[LogRecord | Proven],
+    start: int,
+    keys: VerifyKeys,
+    decode: Callable[[bytes], Event] = decode,
+) -> tuple[DecodedBatch, dict[int, Folded]]:
+    """`decode_records` for a projector's batch of fetched records and records its follower
+    handed over already decoded and folded (`Proven`), in offset order: the fetched ones are
+    decoded, the handed ones taken as they are. Also returns the handed ones' fold results,
+    by offset."""
+    batch = DecodedBatch(items=[], dead=[], next_offset=start)
+    handed: dict[int, Folded] = {}
+    at = 0
+    while at < len(entries) and batch.halted is None:
+        entry = entries[at]
+        if not isinstance(entry, Proven):
+            end = at
+            while end < len(entries) and not isinstance(entries[end], Proven):
+                end += 1
+            fetched = [e for e in entries[at:end] if isinstance(e, LogRecord)]
+            part = decode_records(partition, fetched, batch.next_offset, keys, decode)
+            batch.items += part.items
+            batch.dead += part.dead
+            batch.next_offset = part.next_offset
+            batch.halted, batch.stopped = part.halted, part.stopped
+            at = end
+            continue
+        at += 1
+        if entry.offset < batch.next_offset:
+            continue
+        if entry.offset > batch.next_offset:
+            _hole(batch, partition, entry.offset)
+            break
+        item = entry.folded.item
+        batch.items.append(item)
+        if isinstance(item, DeadLetter):
+            batch.dead.append(item)
+        handed[entry.offset] = entry.folded
+        batch.next_offset = entry.offset + 1
+    return batch, handed
 
 
 def _unknown_signer(event: Event, keys: VerifyKeys) -> UnknownSigningKey | None:

@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from datetime import datetime
 
-from toolledger.events.fold import DeadLetter, HistoryEntry, LedgerFold, Positioned
+from toolledger.events.fold import DeadLetter, Folded, HistoryEntry, LedgerFold, Positioned
 from toolledger.events.log import LogIdentity
 from toolledger.events.records import CallRecord, RunRecord, Verdict
 from toolledger.events.signing import VerifyKeys, check_key_set
@@ -26,6 +26,7 @@ from toolledger.projections.facts import Fact
 from toolledger.projections.gc_pause import gc_paused
 from toolledger.projections.store import (
     AppliedBatch,
+    BatchOutcome,
     CallStats,
     LedgerSnapshot,
     LedgerStore,
@@ -33,11 +34,13 @@ from toolledger.projections.store import (
     PartitionState,
     StatusCounts,
     batch_reads,
+    chained,
     check_batch,
     check_identity,
     count_calls,
     count_statuses,
     fold_batch,
+    history_keys,
     select_calls,
 )
 
@@ -108,11 +111,7 @@ class MemoryLedger(LedgerStore):
     ) -> AppliedBatch:
         check_batch(partition, start_offset, next_offset, items)
         async with self._lock:
-            state = self._offsets.get(partition)
-            if state is None or state.next_offset != start_offset:
-                raise OffsetConflict(
-                    partition, start_offset, None if state is None else state.next_offset
-                )
+            state = self._check_offset(partition, start_offset)
             fold = self._fold
             keys, run_ids, event_ids = batch_reads(items)
             outcome = fold_batch(
@@ -123,23 +122,51 @@ class MemoryLedger(LedgerStore):
                 fold.keys,
                 {k: fold.heads[k] for k in keys | run_ids if k in fold.heads},
             )
-            fold.calls.update((c.key, c) for c in outcome.calls)
-            for call in outcome.calls:
-                self._keys_by_run.setdefault(call.run_id, {})[call.key] = None
-            fold.runs.update((r.run_id, r) for r in outcome.runs)
-            fold.history.extend(outcome.history)
-            fold.heads.update(outcome.heads)
-            for entry in outcome.history:
-                self._history_by_key.setdefault(entry.key, []).append(entry)
-            fold.verdicts.update((v.event_id, v) for v in outcome.verdicts)
-            fold.dead_letters.extend(outcome.dead_letters)
-            self._offsets[partition] = PartitionState(
-                partition, next_offset, state.epoch, state.partitions
+            self._merge(outcome, state, next_offset)
+        return self._announced(outcome)
+
+    async def apply_folded(
+        self, partition: int, start_offset: int, next_offset: int, folded: Sequence[Folded]
+    ) -> AppliedBatch:
+        check_batch(partition, start_offset, next_offset, [f.item for f in folded])
+        async with self._lock:
+            state = self._check_offset(partition, start_offset)
+            heads = self._fold.heads
+            wanted = history_keys(folded)
+            outcome = chained(folded, {k: heads[k] for k in wanted if k in heads})
+            self._merge(outcome, state, next_offset)
+        return self._announced(outcome)
+
+    def _check_offset(self, partition: int, start_offset: int) -> PartitionState:
+        state = self._offsets.get(partition)
+        if state is None or state.next_offset != start_offset:
+            raise OffsetConflict(
+                partition, start_offset, None if state is None else state.next_offset
             )
+        return state
+
+    def _merge(self, outcome: BatchOutcome, state: PartitionState, next_offset: int) -> None:
+        """Write a batch's outcome and move its partition's offset (holding the lock)."""
+        fold = self._fold
+        fold.calls.update((c.key, c) for c in outcome.calls)
+        for call in outcome.calls:
+            self._keys_by_run.setdefault(call.run_id, {})[call.key] = None
+        fold.runs.update((r.run_id, r) for r in outcome.runs)
+        fold.history.extend(outcome.history)
+        fold.heads.update(outcome.heads)
+        for entry in outcome.history:
+            self._history_by_key.setdefault(entry.key, []).append(entry)
+        fold.verdicts.update((v.event_id, v) for v in outcome.verdicts)
+        fold.dead_letters.extend(outcome.dead_letters)
+        self._offsets[state.partition] = PartitionState(
+            state.partition, next_offset, state.epoch, state.partitions
+        )
+
+    def _announced(self, outcome: BatchOutcome) -> AppliedBatch:
         for queue in self._subscribers:
             for verdict in outcome.verdicts:
                 queue.put_nowait(verdict.event_id)
-        return AppliedBatch(outcome.verdicts, outcome.history)
+        return AppliedBatch(outcome.verdicts, outcome.history, outcome.verdict_json)
 
     async def get_call(self, key: str) -> CallRecord | None:
         return self._fold.calls.get(key)

@@ -4,7 +4,7 @@
 `toolledger.projections.batch_sql`) takes one round trip: one statement writes rows, history,
 verdicts, dead letters, the offset compare-and-set and the notifications, writing nothing
 unless the CAS hits. What the fold reads comes from what this store last wrote to the partition
-(`_Known`: the owner of a partition is the only writer of its rows, and the CAS proves nobody
+(`KnownRows`: the owner of a partition is the only writer of its rows, and the CAS proves nobody
 else committed to it since); whatever it does not know it assumes absent, and the statement
 checks each assumption with an index probe and writes nothing if one fails, and the batch is
 then folded again after a query that loads what it reads (as the first batch after taking a
@@ -37,14 +37,13 @@ import logging
 import os
 import uuid
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import datetime
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
-from toolledger.events.fold import DeadLetter, HistoryEntry, Positioned
+from toolledger.events.fold import DeadLetter, Folded, HistoryEntry, Positioned
 from toolledger.events.log import LogIdentity
 from toolledger.events.records import UNSETTLED, CallRecord, RunRecord, Verdict
 from toolledger.events.signing import VerifyKeys
@@ -57,12 +56,12 @@ from toolledger.projections.batch_sql import (
     RUN_TYPES,
     VERDICT_TYPES,
     VERDICTS_BY_ID,
-    Assumed,
     SmallBatch,
     loaded,
 )
 from toolledger.projections.facts import Fact
 from toolledger.projections.gc_pause import gc_paused
+from toolledger.projections.known_rows import KnownRows, Reads, absent
 from toolledger.projections.leases import PartitionLease, read_leases
 from toolledger.projections.listening import channel_for
 from toolledger.projections.migrations import check_schema_name, migrate, quote_ident
@@ -78,8 +77,10 @@ from toolledger.projections.store import (
     StatusCounts,
     StoreError,
     batch_reads,
+    chained,
     check_batch,
     check_identity,
+    history_keys,
 )
 
 if TYPE_CHECKING:
@@ -292,14 +293,24 @@ class _Appender:
             self._task = asyncio.create_task(self._copy(*rows))
         await asyncio.sleep(0)
 
-    async def flush(self, history: list[HistoryEntry], verdicts: list[Verdict]) -> None:
-        """Append what is left; call after leaving the context."""
+    async def flush(
+        self,
+        history: list[HistoryEntry],
+        verdicts: list[Verdict],
+        texts: list[str] | None = None,
+    ) -> None:
+        """Append what is left (`texts`: the verdicts' JSON, if made); call after leaving the
+        context."""
         if self._written < len(verdicts):
-            await self._copy(history[self._written :], verdicts[self._written :])
+            left = None if texts is None else texts[self._written :]
+            await self._copy(history[self._written :], verdicts[self._written :], left)
             self._written = len(verdicts)
 
-    async def _copy(self, history: list[HistoryEntry], verdicts: list[Verdict]) -> None:
-        texts = [v.model_dump_json() for v in verdicts]
+    async def _copy(
+        self, history: list[HistoryEntry], verdicts: list[Verdict], texts: list[str] | None = None
+    ) -> None:
+        if texts is None:
+            texts = [v.model_dump_json() for v in verdicts]
         self.verdict_json += texts
         await self._conn.copy_records_to_table(
             "tool_execution_history",
@@ -332,6 +343,13 @@ async def _keep_session(_conn: asyncpg.Connection[asyncpg.Record]) -> None:
     `set_config(..., true)`, which ends with its transaction). asyncpg still rolls back a
     transaction left open before calling this.
     """
+
+
+async def _load_heads(conn: Conn, keys: Collection[str]) -> dict[str, str]:
+    """The chain heads of `keys` that have history, in one query (`LOAD`'s fourth part)."""
+    if not keys:
+        return {}
+    return loaded(await conn.fetch(LOAD, [], [], [], list(keys)))[3]
 
 
 async def _load(
@@ -367,95 +385,6 @@ def _state(row: asyncpg.Record) -> PartitionState:
 KNOWN_LIMIT = 10_000
 
 
-@dataclass
-class _Reads:
-    """What a small batch is folded on: stored rows it read or knew, and what it assumed."""
-
-    calls: dict[str, CallRecord]
-    runs: dict[str, RunRecord]
-    decided: set[uuid.UUID]
-    heads: dict[str, str]
-    assumed: Assumed = field(default_factory=Assumed)
-
-
-_T = TypeVar("_T")
-
-
-def _absent(wanted: set[_T], known: Mapping[_T, object]) -> list[_T]:
-    """The members of `wanted` that `known` has no entry for, in time linear in `wanted`.
-
-    Not `wanted - known.keys()`: a set minus a dict's key view walks the whole view (the
-    view's reflected difference iterates it), about 26 ns per remembered row here, so up to a
-    quarter of a millisecond per operand near `KNOWN_LIMIT`, for a batch of one record.
-    """
-    return [k for k in wanted if k not in known]
-
-
-@dataclass
-class _Known:
-    """One partition's rows as this store wrote them, as of `next_offset`.
-
-    Only the owner of a partition writes its rows (every row of a run comes from the run's
-    partition), and a batch commits only if the stored offset is still the one it started
-    from, so as long as batches follow one another here (`next_offset` is the next batch's
-    start) nobody else changed these rows. A row it never saw (written before this process
-    took the partition, or since forgotten) is assumed absent and checked by the write.
-    `None` records a row known to be absent. Any error or conflict forgets the partition.
-    """
-
-    next_offset: int
-    calls: dict[str, CallRecord | None] = field(default_factory=dict)
-    runs: dict[str, RunRecord | None] = field(default_factory=dict)
-    heads: dict[str, str | None] = field(default_factory=dict)
-    decided: set[uuid.UUID] = field(default_factory=set)
-
-    def size(self) -> int:
-        return len(self.calls) + len(self.runs) + len(self.heads) + len(self.decided)
-
-    def reads(self, items: Sequence[Positioned | DeadLetter]) -> _Reads:
-        keys, run_ids, event_ids = batch_reads(items)
-        calls = {k: c for k in keys if (c := self.calls.get(k)) is not None}
-        runs = {r: run for r in run_ids if (run := self.runs.get(r)) is not None}
-        heads = {k: h for k in keys | run_ids if (h := self.heads.get(k)) is not None}
-        return _Reads(
-            calls,
-            runs,
-            event_ids & self.decided,
-            heads,
-            Assumed(
-                calls=sorted(_absent(keys, self.calls)),
-                runs=sorted(_absent(run_ids, self.runs)),
-                histories=sorted(_absent(keys | run_ids, self.heads)),
-                verdicts=sorted(event_ids - self.decided),
-            ),
-        )
-
-    def read_all(self, items: Sequence[Positioned | DeadLetter], reads: _Reads) -> None:
-        """`reads` was loaded for `items`: what it lacks is absent from the ledger."""
-        keys, run_ids, _ = batch_reads(items)
-        self.calls.update(dict.fromkeys(_absent(keys, reads.calls)))
-        self.runs.update(dict.fromkeys(_absent(run_ids, reads.runs)))
-        self.heads.update(dict.fromkeys(_absent(keys | run_ids, reads.heads)))
-
-    def learn(self, next_offset: int, reads: _Reads, outcome: BatchOutcome) -> None:
-        """What the batch read and wrote, which is now the ledger's state of those rows."""
-        for key in reads.assumed.calls:
-            self.calls.setdefault(key, None)
-        for run_id in reads.assumed.runs:
-            self.runs.setdefault(run_id, None)
-        for key in reads.assumed.histories:
-            self.heads.setdefault(key, None)
-        self.calls.update(reads.calls)
-        self.runs.update(reads.runs)
-        self.heads.update(reads.heads)
-        self.decided |= reads.decided
-        self.calls.update((c.key, c) for c in outcome.calls)
-        self.runs.update((r.run_id, r) for r in outcome.runs)
-        self.heads.update(outcome.heads)
-        self.decided.update(v.event_id for v in outcome.verdicts)
-        self.next_offset = next_offset
-
-
 class PostgresLedger(LedgerStore):
     """The ledger in one PostgreSQL schema, behind a connection pool."""
 
@@ -473,7 +402,7 @@ class PostgresLedger(LedgerStore):
         self._create = create
         self._synchronous_apply = synchronous_apply
         self._small = _SMALL if synchronous_apply else _SMALL_RELAXED
-        self._known: dict[int, _Known] = {}
+        self._known: dict[int, KnownRows] = {}
         self._schema = check_schema_name(schema)
         self.verify_keys = verify_keys or VerifyKeys()
         self._pool_size = pool_size
@@ -569,21 +498,28 @@ class PostgresLedger(LedgerStore):
     ) -> AppliedBatch:
         check_batch(partition, start_offset, next_offset, items)
         with gc_paused():
-            return await self._apply(partition, start_offset, next_offset, items)
+            return await self._apply((partition, start_offset, next_offset), items, None)
+
+    async def apply_folded(
+        self, partition: int, start_offset: int, next_offset: int, folded: Sequence[Folded]
+    ) -> AppliedBatch:
+        items = [f.item for f in folded]
+        check_batch(partition, start_offset, next_offset, items)
+        with gc_paused():
+            return await self._apply((partition, start_offset, next_offset), items, folded)
 
     async def _apply(
         self,
-        partition: int,
-        start_offset: int,
-        next_offset: int,
+        position: tuple[int, int, int],
         items: Sequence[Positioned | DeadLetter],
+        folded: Sequence[Folded] | None,
     ) -> AppliedBatch:
+        """Write a batch: folded here, or (`folded`) as a leader folded it."""
+        partition = position[0]
         async with self._db.acquire() as conn:
             if len(items) <= SMALL_BATCH:
                 try:
-                    return await self._apply_small(
-                        conn, (partition, start_offset, next_offset), items
-                    )
+                    return await self._apply_small(conn, position, items, folded)
                 except BaseException:
                     self._known.pop(partition, None)  # whatever happened, read it again
                     raise
@@ -591,28 +527,47 @@ class PostgresLedger(LedgerStore):
             async with conn.transaction():
                 if not self._synchronous_apply:
                     await conn.execute("SET LOCAL synchronous_commit TO off")
-                return await self._apply_large(conn, (partition, start_offset, next_offset), items)
+                if folded is not None:
+                    return await self._apply_large_folded(conn, position, folded)
+                return await self._apply_large(conn, position, items)
 
     async def _apply_small(
-        self, conn: Conn, position: tuple[int, int, int], items: Sequence[Positioned | DeadLetter]
+        self,
+        conn: Conn,
+        position: tuple[int, int, int],
+        items: Sequence[Positioned | DeadLetter],
+        folded: Sequence[Folded] | None,
     ) -> AppliedBatch:
         """Fold on what this store knows of the partition and write in one statement; if it
-        knew nothing (a partition just taken) or an assumption failed, load, then fold again."""
+        knew nothing (a partition just taken) or an assumption failed, load, then fold again.
+
+        A batch a leader folded reads only its keys' chain heads: what this store does not
+        know of them is assumed absent even right after taking the partition (most of a
+        leader's keys are new), and loaded only when the write finds one."""
         partition, start_offset, next_offset = position
         known = self._known.pop(partition, None)
+        if folded is not None and (known is None or known.next_offset != start_offset):
+            known = KnownRows(start_offset)
         if known is not None and known.next_offset == start_offset:
-            reads = known.reads(items)
-            applied = await self._write_small(conn, position, items, reads)
+            reads = known.reads(items) if folded is None else known.heads_for(history_keys(folded))
+            applied = await self._write_small(conn, position, items, reads, folded)
             if applied is not None:
                 self._remember(partition, next_offset, known, reads, applied)
                 return applied[0]
             log.debug("partition %d: a row assumed absent is in the ledger; loading", partition)
-        reads = _Reads(*await _load(conn, items))
-        applied = await self._write_small(conn, position, items, reads)
+        if folded is None:
+            reads = Reads(*await _load(conn, items))
+        else:
+            wanted = history_keys(folded)
+            reads = Reads({}, {}, set(), await _load_heads(conn, wanted))
+        applied = await self._write_small(conn, position, items, reads, folded)
         if applied is None:  # it assumed nothing, so only the CAS can have missed
             raise OffsetConflict(partition, start_offset, await conn.fetchval(_OFFSET, partition))
-        loaded = _Known(next_offset)
-        loaded.read_all(items, reads)
+        loaded = KnownRows(next_offset)
+        if folded is None:
+            loaded.read_all(items, reads)
+        else:
+            loaded.heads.update(dict.fromkeys(absent(wanted, reads.heads)))
         self._remember(partition, next_offset, loaded, reads, applied)
         return applied[0]
 
@@ -620,8 +575,8 @@ class PostgresLedger(LedgerStore):
         self,
         partition: int,
         next_offset: int,
-        known: _Known,
-        reads: _Reads,
+        known: KnownRows,
+        reads: Reads,
         applied: tuple[AppliedBatch, BatchOutcome],
     ) -> None:
         known.learn(next_offset, reads, applied[1])
@@ -633,17 +588,23 @@ class PostgresLedger(LedgerStore):
         conn: Conn,
         position: tuple[int, int, int],
         items: Sequence[Positioned | DeadLetter],
-        reads: _Reads,
+        reads: Reads,
+        folded: Sequence[Folded] | None,
     ) -> tuple[AppliedBatch, BatchOutcome] | None:
-        """Fold `items` on `reads` and write them in one statement; None if an assumption of
-        `reads` failed (nothing written), `OffsetConflict` if the CAS missed."""
+        """Fold `items` on `reads` (or chain what a leader `folded`) and write them in one
+        statement; None if an assumption of `reads` failed (nothing written), `OffsetConflict`
+        if the CAS missed."""
         partition, start_offset, _ = position
-        calls, runs, decided, heads = reads.calls, reads.runs, reads.decided, reads.heads
-        batch = BatchFold(calls, runs, decided, self.verify_keys, heads)
-        for item in items:
-            batch.apply(item)
-        outcome = batch.outcome()
-        texts = [v.model_dump_json() for v in outcome.verdicts]
+        if folded is None:
+            batch = BatchFold(reads.calls, reads.runs, reads.decided, self.verify_keys, reads.heads)
+            for item in items:
+                batch.apply(item)
+            outcome = batch.outcome()
+        else:
+            outcome = chained(folded, reads.heads)
+        texts = outcome.verdict_json
+        if texts is None:
+            texts = [v.model_dump_json() for v in outcome.verdicts]
         rows = (
             list(map(_history_values, outcome.history)),
             list(map(_verdict_values, outcome.verdicts, outcome.history, texts)),
@@ -663,10 +624,9 @@ class PostgresLedger(LedgerStore):
             return None
         raise OffsetConflict(partition, start_offset, stored)
 
-    async def _apply_large(
-        self, conn: Conn, position: tuple[int, int, int], items: Sequence[Positioned | DeadLetter]
-    ) -> AppliedBatch:
-        """CAS first (holding the offset row), then COPY while folding, then the upserts."""
+    async def _cas(self, conn: Conn, position: tuple[int, int, int]) -> None:
+        """A large batch's compare-and-set, first in its transaction (it holds the offset row
+        to the end); `OffsetConflict` if it misses."""
         partition, start_offset, next_offset = position
         try:
             moved = await conn.execute(_CAS, partition, start_offset, next_offset)
@@ -674,6 +634,12 @@ class PostgresLedger(LedgerStore):
             raise OffsetConflict(partition, start_offset, None) from None
         if moved != "UPDATE 1":
             raise OffsetConflict(partition, start_offset, await conn.fetchval(_OFFSET, partition))
+
+    async def _apply_large(
+        self, conn: Conn, position: tuple[int, int, int], items: Sequence[Positioned | DeadLetter]
+    ) -> AppliedBatch:
+        """CAS first (holding the offset row), then COPY while folding, then the upserts."""
+        await self._cas(conn, position)
         calls, runs, decided, heads = await _load(conn, items)
         batch = BatchFold(calls, runs, decided, self.verify_keys, heads)
         async with _Appender(conn) as appender:
@@ -683,6 +649,25 @@ class PostgresLedger(LedgerStore):
                 await appender.offer(batch.history, batch.verdicts)
         await appender.flush(batch.history, batch.verdicts)
         outcome = batch.outcome()
+        await self._write_rows(conn, position, outcome)
+        return AppliedBatch(outcome.verdicts, outcome.history, appender.verdict_json)
+
+    async def _apply_large_folded(
+        self, conn: Conn, position: tuple[int, int, int], folded: Sequence[Folded]
+    ) -> AppliedBatch:
+        """CAS first, then the chain heads, then COPY and the upserts: nothing to fold."""
+        await self._cas(conn, position)
+        outcome = chained(folded, await _load_heads(conn, history_keys(folded)))
+        appender = _Appender(conn)
+        await appender.flush(outcome.history, outcome.verdicts, outcome.verdict_json)
+        await self._write_rows(conn, position, outcome)
+        return AppliedBatch(outcome.verdicts, outcome.history, appender.verdict_json)
+
+    async def _write_rows(
+        self, conn: Conn, position: tuple[int, int, int], outcome: BatchOutcome
+    ) -> None:
+        """A large batch's changed calls, runs and dead letters, and its notifications."""
+        partition, start_offset, next_offset = position
         if outcome.calls:
             await conn.copy_records_to_table(
                 _BATCH_CALLS, records=map(_call_values, outcome.calls), columns=_CALL_TYPES
@@ -694,7 +679,6 @@ class PostgresLedger(LedgerStore):
             await conn.executemany(_INSERT_DEAD_LETTER, map(_dead_values, outcome.dead_letters))
         if outcome.verdicts:
             await conn.execute(_NOTIFY, self.notify_channel, partition, start_offset, next_offset)
-        return AppliedBatch(outcome.verdicts, outcome.history, appender.verdict_json)
 
     async def get_call(self, key: str) -> CallRecord | None:
         row = await self._db.fetchrow(_GET_CALL, key)

@@ -25,11 +25,13 @@ append hint, `toolledger.projections.hints`) ends the wait at once; so an idle p
 turns a few times a second, and its ownership checks with it.
 
 A partition its leader carries (`PartitionFollower.carries`) is not fetched: the leader hands
-over what it appended and proved (`PartitionFollower.proven`), and the reader parks it. It is
-fetched again for `HINTED_S` after a hint (someone else appended there), for `PROBE_S` every
-`PROBE_EVERY_S` (a hint may be lost), and while the handed records do not join up with the
-partition's position. Fetching what this process just appended cost the local broker more CPU
-than the appends did (BENCHMARKS.md, issue 25, twentieth session).
+over what it appended and proved, with its fold's verdicts and rows (`PartitionFollower.proven`),
+and the projector writes those (`LedgerStore.apply_folded`) without fetching or folding them
+again. The reader parks such a partition and fetches only what no batch of this process
+covers, up to an offset a hint or an end-offset check says is there
+(`toolledger.projections.carried`); what it fetches the leader folds before the commit
+(`PartitionFollower.folding`), once. Fetching back what this process appended cost the local
+broker ten times the appends' CPU (BENCHMARKS.md, issue 46).
 """
 
 from __future__ import annotations
@@ -38,12 +40,12 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from toolledger.errors import ConfigError
 from toolledger.events.codec import decode
-from toolledger.events.fold import DeadLetter
+from toolledger.events.fold import DeadLetter, Folded, Positioned
 from toolledger.events.log import (
     EventLog,
     LogError,
@@ -54,12 +56,13 @@ from toolledger.events.log import (
     TopicMissing,
 )
 from toolledger.events.models import Event
-from toolledger.events.pacing import IDLE_AFTER_S
+from toolledger.events.pacing import BOUND_S
 from toolledger.events.records import Verdict
+from toolledger.projections.carried import CarriedReads
 from toolledger.projections.dberrors import database_errors
-from toolledger.projections.decoding import decode_records
+from toolledger.projections.decoding import decode_entries
 from toolledger.projections.facts import FactsPublisher, FactText, fact_text, facts_of
-from toolledger.projections.following import PartitionFollower
+from toolledger.projections.following import PartitionFollower, Proven
 from toolledger.projections.gc_pause import gc_paused
 from toolledger.projections.ownership import PartitionLocks
 from toolledger.projections.store import AppliedBatch, LedgerStore, OffsetConflict
@@ -69,15 +72,8 @@ log = logging.getLogger("toolledger.projector")
 
 VerdictSink = Callable[[int, Sequence[Verdict]], Awaitable[None]]
 
-#: Seconds a carried partition is fetched after a hint: each writer sends at most one per
-#: partition per `HINT_QUIET_S` (`toolledger.projections.hints`), so the appends it did not
-#: hint are fetched in the same window.
-HINTED_S = IDLE_AFTER_S
-#: Every so many seconds each carried partition is fetched for `PROBE_S`, in case a hint
-#: was lost: the most a foreign record waits when nobody hints it and the leader appends
-#: nothing after it.
-PROBE_EVERY_S = 1.0
-PROBE_S = 0.02
+#: A projection batch's entries: records fetched, or handed over proven and folded.
+Entry = LogRecord | Proven
 
 
 def _gone(exc: TopicMissing) -> LogIdentityError:
@@ -98,6 +94,9 @@ class ProjectorStats:
     handed: int = 0
     #: Records the reader fetched for owned partitions (some may have been handed over too).
     fetched: int = 0
+    #: Records written as the follower folded them, and records folded by the store itself.
+    written_folded: int = 0
+    folded_here: int = 0
     halted: dict[int, str] = field(default_factory=dict)
     owned_since: dict[int, float] = field(default_factory=dict)
 
@@ -109,7 +108,7 @@ class _Held:
 
     start: int
     due: float
-    records: list[LogRecord] = field(default_factory=list)
+    records: list[Entry] = field(default_factory=list)
 
 
 class Projector:
@@ -133,6 +132,7 @@ class Projector:
         facts_in_background: bool = True,
         follower: PartitionFollower | None = None,
         linger_ms: int = 0,
+        end_check_ms: int = int(BOUND_S * 1000),
     ) -> None:
         self.log = log
         self.store = store
@@ -150,8 +150,8 @@ class Projector:
         self.facts_in_background = facts_in_background
         #: Hears of ownership and commits (the leader fast path, `toolledger.leader`).
         self.follower = follower
-        #: Seconds a partition's fetched records wait for more before they commit, while its
-        #: follower answers for it (`PartitionFollower.lingers`); 0: never.
+        #: Seconds a partition's handed records wait for more before they commit, while its
+        #: follower answered them (`Proven.own`, `PartitionFollower.carries`); 0: never.
         self.linger = linger_ms / 1000
         self._held: dict[int, _Held] = {}
         self.stats = ProjectorStats()
@@ -162,13 +162,11 @@ class Projector:
         self._stopping = asyncio.Event()
         self._next_ownership = 0.0
         self._facts_in_flight: asyncio.Task[None] | None = None
-        #: Partitions the reader does not fetch now (their follower hands them over).
-        self._parked: frozenset[int] = frozenset()
-        #: Until when (monotonic) a carried partition is fetched anyway: after a hint, a probe.
-        self._fetch_until: dict[int, float] = {}
-        #: Carried partitions whose handed records do not join up with their position.
-        self._unjoined: set[int] = set()
-        self._next_probe = 0.0
+        #: What the reader leaves to the follower (None: no follower), checked every
+        #: `end_check_ms` (the readers' idle bound: the most an unhinted record waits).
+        self.carried = (
+            None if follower is None else CarriedReads(follower, max(end_check_ms, 50) / 1000)
+        )
         #: Set when the follower has records to hand over, or a hint came.
         self._nudge = asyncio.Event()
         if follower is not None:
@@ -187,7 +185,7 @@ class Projector:
     @property
     def parked(self) -> frozenset[int]:
         """Partitions the reader does not fetch now: the follower hands their records over."""
-        return self._parked
+        return frozenset() if self.carried is None else self.carried.parked
 
     def stop(self) -> None:
         self._stopping.set()
@@ -195,17 +193,16 @@ class Projector:
         if self._reader is not None:
             self._reader.wake()  # a reader backed off while idle would finish its wait first
 
-    def wake(self, partitions: Collection[int] | None = None) -> bool:
-        """A hint that records were appended to `partitions` (None: maybe to any): if this
-        projector owns one, its reader fetches at once, even when backed off while idle
+    def wake(self, partitions: Mapping[int, int | None] | None = None) -> bool:
+        """A hint that records were appended to `partitions`, each before the offset given
+        (None: unknown), or maybe to any (None): if this projector owns one, its reader fetches
+        at once, even when backed off while idle, and a parked one as far as the hint says
         (`toolledger.projections.hints`). Says whether it owns one."""
         owned = self._owned
-        owns = bool(owned) if partitions is None else any(p in owned for p in partitions)
-        if owns and self._parked:
-            until = time.monotonic() + HINTED_S
-            for partition in owned if partitions is None else partitions:
-                if partition in self._parked:
-                    self._fetch_until[partition] = until
+        if partitions is None:
+            partitions = dict.fromkeys(owned)
+        owns = any(p in owned for p in partitions)
+        if owns and self.carried is not None and self.carried.hinted(partitions):
             self._nudge.set()
         if owns and self._reader is not None:
             self._reader.wake()
@@ -237,6 +234,9 @@ class Projector:
         await self.store.bind_log(identity)
         self._reader = self.log.reader()
         watch = asyncio.create_task(self._watch_identity(), name="toolledger-identity-watch")
+        ends = None
+        if self.carried is not None:
+            ends = asyncio.create_task(self._watch_ends(self.carried), name="toolledger-ends")
         try:
             while not self._stopping.is_set():
                 try:
@@ -254,9 +254,11 @@ class Projector:
             await self._commit_held_at_stop()
             await self._facts_sent()
         finally:
-            watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watch
+            for task in (watch, ends):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
             if self._facts_in_flight is not None:  # stopped by an error: at least once covers it
                 self._facts_in_flight.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -361,6 +363,22 @@ class Projector:
             except LogError as exc:
                 log.warning("could not check the log identity (%s); will retry", exc)
 
+    async def _watch_ends(self, carried: CarriedReads) -> None:
+        """Check the end offsets of the parked partitions every `carried.check_every` seconds,
+        and at once when a hint named no offset: a record nobody hinted, or whose hint was lost,
+        is fetched within that bound (`toolledger.projections.carried`)."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(carried.check_every):
+                    await carried.check_now.wait()
+            carried.check_now.clear()
+            try:
+                positions = {p: self._position(p) for p in self._owned}
+                if await carried.check_ends(self.log, positions):
+                    self._nudge.set()
+            except LogError as exc:  # the projector's own fetches report a broker that is gone
+                log.debug("could not check the end offsets (%s); will retry", exc)
+
     async def step(self) -> int:
         """One ownership check (when due) and one fetch-and-apply; returns events applied."""
         assert self._reader is not None and self._identity is not None
@@ -377,11 +395,13 @@ class Projector:
         due = min((h.due for h in self._held.values()), default=None)
         if due is not None:
             wait = max(0.0, min(wait, due - now))
-        if self._park(now):
+        applied = 0
+        if self.follower is not None:  # first: the reader then starts past what was handed
+            applied += await self._take_handed()
+        if self._park():
             batch = await self._nudged(due)
         else:
             batch = await self._fetch(wait, due)
-        applied = 0
         for partition, records in batch.items():
             if partition in self._owned:
                 self.stats.fetched += len(records)
@@ -394,39 +414,29 @@ class Projector:
             applied += await self._commit_held()
         return applied
 
-    def _park(self, now: float) -> bool:
-        """Park the partitions the follower carries, unless hinted, probed or unjoined; say
-        whether that is every partition read (the reader has nothing to fetch)."""
-        follower = self.follower
-        if follower is None:
+    def _park(self) -> bool:
+        """Park the partitions the follower carries, but for those with records wanted or
+        handed records that do not join up; say whether that is every partition read (the
+        reader has nothing to fetch)."""
+        carried = self.carried
+        if carried is None:
             return False
-        if now >= self._next_probe:
-            self._next_probe = now + PROBE_EVERY_S
-            for partition in self._parked:
-                self._fetch_until[partition] = now + PROBE_S
-        fetch_until = self._fetch_until
-        parked = frozenset(
-            p
-            for p in self._owned
-            if p not in self._unjoined
-            and fetch_until.get(p, 0.0) <= now
-            and p not in self.stats.halted
-            and follower.carries(p)
-        )
-        if parked != self._parked:
-            assert self._reader is not None
-            self._parked = parked
-            self._reader.park(parked)
         halted = self.stats.halted
+        parked = carried.choose({p: self._position(p) for p in self._owned}, halted)
+        if parked != carried.parked:
+            assert self._reader is not None
+            unparked = carried.parked - parked
+            carried.parked = parked
+            self._reader.park(parked)
+            if unparked:  # a reader backed off while every partition was parked fetches now
+                self._reader.wake()
         return bool(parked) and all(p in parked or p in halted for p in self._owned)
 
     async def _nudged(self, due: float | None) -> dict[int, list[LogRecord]]:
         """Every partition read is parked: wait for the follower, a hint, or the next thing
-        due (held records, a probe, an ownership check), whichever comes first."""
+        due (held records, an ownership check), whichever comes first."""
         if not self._nudge.is_set():
-            until = min(self._next_probe, self._next_ownership)
-            if due is not None:
-                until = min(until, due)
+            until = self._next_ownership if due is None else min(self._next_ownership, due)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout_at(_loop_time(until)):
                     await self._nudge.wait()
@@ -438,7 +448,7 @@ class Projector:
         the follower handed over are held while other partitions find nothing)."""
         assert self._reader is not None
         self._nudge.clear()
-        if due is None or not self._parked:
+        if due is None or not self.parked:
             return await self._reader.fetch(max_wait=wait, max_records=self.batch_size)
         alarm = asyncio.get_running_loop().call_at(_loop_time(due), self._reader.wake)
         try:
@@ -447,22 +457,23 @@ class Projector:
             alarm.cancel()
 
     async def _take_handed(self) -> int:
-        """Take what the follower appended and proved since each partition's position, and
-        move the reader past it."""
-        assert self.follower is not None and self._reader is not None
+        """Take what the follower proved and folded since each partition's position, and move
+        the reader past it."""
+        assert self.follower is not None and self._reader is not None and self.carried
+        unjoined = self.carried.unjoined
         applied = 0
         for partition in list(self._owned):
             if partition not in self._owned or partition in self.stats.halted:
                 continue
-            records = self.follower.proven(partition, self._position(partition))
-            if records is None:
-                self._unjoined.add(partition)
+            proven = self.follower.proven(partition, self._position(partition))
+            if proven is None:
+                unjoined.add(partition)
                 continue
-            self._unjoined.discard(partition)
-            if records:
-                self.stats.handed += len(records)
-                self._reader.skip(partition, records[-1].offset + 1)
-                applied += await self._take(partition, records)
+            unjoined.discard(partition)
+            if proven:
+                self.stats.handed += len(proven)
+                self._reader.skip(partition, proven[-1].offset + 1)
+                applied += await self._take(partition, proven)
         return applied
 
     def _position(self, partition: int) -> int:
@@ -472,14 +483,14 @@ class Projector:
             return held.records[-1].offset + 1
         return self._owned[partition]
 
-    async def _take(self, partition: int, records: list[LogRecord]) -> int:
-        """Apply fetched records now, or hold them for the partition's next commit.
+    async def _take(self, partition: int, records: Sequence[Entry]) -> int:
+        """Apply fetched or handed records now, or hold them for the partition's next commit.
 
-        Records the follower answered from memory (the leader fast path) have nobody waiting
-        for their commit, so it may wait `linger` seconds for the records after them: in serial
-        work a whole call then commits in one transaction, with one publication of facts,
-        instead of one per record. Records someone else appended (a foreign writer, who awaits
-        the committed verdict) commit at once, with whatever is held before them.
+        Records the follower appended and answered from memory (`Proven.own`) have nobody
+        waiting for their commit, so they may wait `linger` seconds for the records after them:
+        in serial work a whole call then commits in one transaction, with one publication of
+        facts, instead of one per record. Records someone else appended (a foreign writer, who
+        awaits the committed verdict) commit at once, with whatever is held before them.
         """
         position = self._position(partition)
         if records[0].offset < position:  # fetched after the follower handed them over
@@ -490,7 +501,7 @@ class Projector:
         lingers = self._lingers(partition, records)
         if held is None:
             if not lingers:
-                return await self._apply(partition, records)
+                return await self._apply(partition, list(records))
             held = _Held(self._owned[partition], time.monotonic() + self.linger)
             self._held[partition] = held
         held.records.extend(records)
@@ -498,9 +509,14 @@ class Projector:
             return await self._commit_held((partition,))
         return 0
 
-    def _lingers(self, partition: int, records: list[LogRecord]) -> bool:
+    def _lingers(self, partition: int, records: Sequence[Entry]) -> bool:
         follower = self.follower
-        return self.linger > 0 and follower is not None and follower.lingers(partition, records)
+        return (
+            self.linger > 0
+            and follower is not None
+            and all(isinstance(r, Proven) and r.own for r in records)
+            and follower.carries(partition)
+        )
 
     async def _commit_held(self, partitions: Collection[int] | None = None) -> int:
         """Apply the held records of `partitions` (all if None). Records held from an offset
@@ -553,29 +569,29 @@ class Projector:
         await self._reader.assign(
             {p: o for p, o in self._owned.items() if p not in self.stats.halted}
         )
-        self._parked = frozenset()  # an assignment parks nothing
+        if self.carried is not None:
+            self.carried.parked = frozenset()  # an assignment parks nothing
 
     async def _check_identity(self) -> None:
         """On every ownership change: offset 0 still holds the epoch the ledger was built from."""
         identity = await self.log.identity()
         await self.store.bind_log(identity)
 
-    async def _apply(self, partition: int, records: list[LogRecord]) -> int:
+    async def _apply(self, partition: int, records: list[Entry]) -> int:
         # Decoding, folding and the facts' JSON allocate heavily and make almost no cycles.
         with gc_paused():
             return await self._apply_records(partition, records)
 
-    async def _apply_records(self, partition: int, records: list[LogRecord]) -> int:
+    async def _apply_records(self, partition: int, records: list[Entry]) -> int:
         start = self._owned[partition]
-        decode = self.decode
-        if self.follower is not None:
-            decode = self.follower.decoder(partition, decode)
-        batch = decode_records(partition, records, start, self.store.verify_keys, decode)
+        keys = self.store.verify_keys
+        batch, handed = decode_entries(partition, records, start, keys, self.decode)
         verdicts: list[Verdict] = []
+        folded: list[Folded] | None = None
         if self.follower is not None:
-            await self.follower.folding(
-                partition, batch.items, batch.next_offset, batch.halted is not None
-            )
+            halted = batch.halted is not None
+            fresh = await self.follower.folding(partition, batch.items, batch.next_offset, halted)
+            folded = all_folded(batch.items, handed, fresh)
         if batch.next_offset > start:
             if not await self.locks.confirmed(partition):
                 self._lease_lapsed(partition)
@@ -583,8 +599,8 @@ class Projector:
             await self._publish_dead(partition, batch.dead)
             try:
                 with BatchSpans(self.log.topic, partition, batch.items) as spans:
-                    applied = await self.store.apply_written(
-                        partition, start, batch.next_offset, batch.items
+                    applied = await self._write(
+                        partition, start, batch.next_offset, batch.items, folded
                     )
                     spans.applied(applied.verdicts)
             except OffsetConflict as conflict:
@@ -621,6 +637,21 @@ class Projector:
         self._held.pop(partition, None)
         self._released({partition})
         self._next_ownership = 0.0
+
+    async def _write(
+        self,
+        partition: int,
+        start: int,
+        next_offset: int,
+        items: list[Positioned | DeadLetter],
+        folded: list[Folded] | None,
+    ) -> AppliedBatch:
+        """The store writes the batch as the follower folded it, or folds it itself."""
+        if folded is None:
+            self.stats.folded_here += len(items)
+            return await self.store.apply_written(partition, start, next_offset, items)
+        self.stats.written_folded += len(items)
+        return await self.store.apply_folded(partition, start, next_offset, folded)
 
     def _released(self, partitions: set[int]) -> None:
         if self.follower is not None:
@@ -697,6 +728,18 @@ class Projector:
                 ("topic", self.log.topic.encode()),
             ]
             await self.dlq.append(letter.run_id or "", letter.payload, headers)
+
+
+def all_folded(
+    items: Sequence[Positioned | DeadLetter], handed: dict[int, Folded], fresh: list[Folded]
+) -> list[Folded] | None:
+    """Each item's fold results, from what the follower handed over and what it folded now;
+    None unless it folded every item (then the store folds the batch itself)."""
+    if len(handed) + len(fresh) != len(items):
+        return None
+    now = {f.item.offset: f for f in fresh}
+    found = [handed.get(item.offset) or now.get(item.offset) for item in items]
+    return None if None in found else found  # type: ignore[return-value]
 
 
 def _loop_time(monotonic: float) -> float:

@@ -24,7 +24,15 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from toolledger.errors import ToolLedgerError
-from toolledger.events.fold import DeadLetter, HistoryEntry, LedgerFold, Positioned, ledger_digest
+from toolledger.events.fold import (
+    DeadLetter,
+    Folded,
+    HistoryEntry,
+    LedgerFold,
+    Positioned,
+    history_entry,
+    ledger_digest,
+)
 from toolledger.events.log import LogIdentity, LogIdentityError
 from toolledger.events.records import UNSETTLED, CallRecord, RunRecord, Verdict
 from toolledger.events.signing import VerifyKeys
@@ -218,6 +226,17 @@ class LedgerStore(ABC):
         """`apply_batch`, returning what it wrote with the verdicts: their history entries and
         JSON, from which the projector builds facts without serialising anything again."""
 
+    async def apply_folded(
+        self, partition: int, start_offset: int, next_offset: int, folded: Sequence[Folded]
+    ) -> AppliedBatch:
+        """`apply_written` for records already folded against this ledger's state (a leader's
+        fold of the same log, `Folded` in offset order): their verdicts and rows are written as
+        they are, each verdict's history entry chained to its key's head (`chained`), with
+        the same offset compare-and-set. Nothing is decided again. This default folds the
+        records again; adapters write the results."""
+        items = [f.item for f in folded]
+        return await self.apply_written(partition, start_offset, next_offset, items)
+
     @abstractmethod
     async def get_call(self, key: str) -> CallRecord | None: ...
 
@@ -397,6 +416,8 @@ class BatchOutcome:
     calls: list[CallRecord]
     runs: list[RunRecord]
     heads: dict[str, str]
+    #: Each verdict's `model_dump_json()`, when whoever folded the batch made them.
+    verdict_json: list[str] | None = None
 
 
 class BatchFold:
@@ -449,6 +470,50 @@ class BatchFold:
             runs=[r for run_id, r in fold.runs.items() if self._runs.get(run_id) is not r],
             heads={entry.key: entry.chain_hash for entry in fold.history},
         )
+
+
+def chained(folded: Sequence[Folded], heads: Mapping[str, str]) -> BatchOutcome:
+    """What a batch folded elsewhere writes (the `BatchOutcome` `BatchFold` gives for the same
+    records): its verdicts, each with a history entry chained to the head of its key (`heads`:
+    the latest entry's chain hash of each key the batch names that has one), the last call and
+    run each record left, and its dead letters. Building an entry decides nothing: it records
+    the verdict with the event's JSON and the chain hash."""
+    heads = dict(heads)
+    verdicts: list[Verdict] = []
+    texts: list[str] = []
+    history: list[HistoryEntry] = []
+    dead: list[DeadLetter] = []
+    calls: dict[str, CallRecord] = {}
+    runs: dict[str, RunRecord] = {}
+    for item, verdict, call, run, text in folded:
+        if isinstance(item, DeadLetter):
+            dead.append(item)
+        elif verdict is not None:
+            entry = history_entry(item, verdict, heads.get(item.event.key))
+            heads[entry.key] = entry.chain_hash
+            history.append(entry)
+            verdicts.append(verdict)
+            texts.append(verdict.model_dump_json() if text is None else text)
+        if call is not None:
+            calls[call.key] = call
+        if run is not None:
+            runs[run.run_id] = run
+    return BatchOutcome(
+        verdicts=verdicts,
+        history=history,
+        dead_letters=dead,
+        calls=list(calls.values()),
+        runs=list(runs.values()),
+        heads={entry.key: entry.chain_hash for entry in history},
+        verdict_json=texts,
+    )
+
+
+def history_keys(folded: Sequence[Folded]) -> set[str]:
+    """The keys whose chain heads `chained` reads for `folded`."""
+    return {
+        f.item.event.key for f in folded if f.verdict is not None and isinstance(f.item, Positioned)
+    }
 
 
 def fold_batch(

@@ -271,6 +271,7 @@ class LedgerStack:
                 identity_interval=settings.identity_check_s,
                 follower=leader,
                 linger_ms=0 if leader is None else settings.leader_commit_linger_ms,
+                end_check_ms=settings.idle_fetch_bound_ms,
             )
         commands = LedgerCommands(events, waiter, store, settings.payload_limits())
         stack = cls(

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from toolledger.events.codec import decode
-from toolledger.events.fold import Positioned
-from toolledger.events.log import EventLog, LogError, LogReader, LogRecord, Position
+from toolledger.events.fold import Folded, Positioned
+from toolledger.events.log import EventLog, LogError, LogReader, Position
 from toolledger.events.models import Event
 from toolledger.events.records import Verdict
 from toolledger.events.signing import VerifyKeys
@@ -45,6 +45,7 @@ from toolledger.leader.projector_side.partition import (
 )
 from toolledger.leader.runtime_side.frames import Kind
 from toolledger.projections.decoding import decode_records
+from toolledger.projections.following import Proven
 
 log = logging.getLogger("toolledger.leader")
 
@@ -55,8 +56,9 @@ GAP_BOUND = 2.0
 #: Seconds after its last request that a partition's memory stops following the projector's
 #: batches (`LeaderPartition.skip`): a partition nobody asks costs the projector nothing.
 IDLE_AFTER = 30.0
-#: Appended records whose decoded events are kept for the projector (`appended`), at most.
-APPENDED_CAP = 20_000
+#: Proven records kept for the projector (`proven`), at most: past it they are dropped, and the
+#: projector, which is not taking them (skipping, halted), fetches instead.
+PROVEN_CAP = 20_000
 
 Load = Callable[[int, Needs, int], Coroutine[Any, Any, Loaded]]
 
@@ -69,6 +71,8 @@ class Answer:
     verdict: Verdict | None = None
     detail: str = ""
     offset: int | None = None
+    #: The verdict's `model_dump_json()`, made once for the answer and the projection.
+    verdict_json: str | None = None
 
 
 @dataclass
@@ -97,17 +101,13 @@ class GapReader:
         self._reader: LogReader | None = None
         self._lock = asyncio.Lock()
 
-    async def between(
-        self, partition: int, start: int, end: int
-    ) -> tuple[list[Item], list[LogRecord]]:
-        """The decoded records of `[start, end)` (fewer if the bound passes first), and the
-        records themselves."""
+    async def between(self, partition: int, start: int, end: int) -> list[Item]:
+        """The decoded records of `[start, end)` (fewer if the bound passes first)."""
         async with self._lock:
             if self._reader is None:
                 self._reader = self._events.reader()
             await self._reader.assign({partition: start})
             items: list[Item] = []
-            kept: list[LogRecord] = []
             at = start
             give_up = time.monotonic() + GAP_BOUND
             while at < end and time.monotonic() < give_up:
@@ -117,9 +117,8 @@ class GapReader:
                 if batch.halted is not None:
                     raise LeaderSuperseded(batch.halted)
                 items.extend(batch.items)
-                kept.extend(r for r in records if r.offset < batch.next_offset)
                 at = batch.next_offset
-            return items, kept
+            return items
 
     async def close(self) -> None:
         if self._reader is not None:
@@ -143,17 +142,15 @@ class PartitionAppender:
         self._loader: asyncio.Task[None] | None = None
         self._asked = -IDLE_AFTER
         #: The records this leader folded in `_prove` (its own and the foreign ones before
-        #: them), in offset order, until its projector takes them (`take_proven`) instead of
-        #: fetching them back; `on_proven` is told when there are more.
-        self.proven: list[LogRecord] = []
+        #: them), with what the fold decided, in offset order, until its projector takes them
+        #: (`take_proven`) instead of fetching and folding them again; `on_proven` is told
+        #: when there are more.
+        self.proven: list[Proven] = []
         self.on_proven: Callable[[int], None] | None = None
-        #: The events of records this leader appended, by the bytes appended, until the
-        #: projector fetches them back (`LeaderServer.decoder`): Kafka returns a record's value
-        #: as it was sent, so those bytes decode to this very event, and decoding (a schema
-        #: read and a model validation per record) need not be done twice.
-        self.appended: dict[bytes, Event] = {}
+        #: Batches appended and not yet proven: each proof fetches what lies before it.
+        self.proving = 0
 
-    def take_proven(self, start: int) -> list[LogRecord] | None:
+    def take_proven(self, start: int) -> list[Proven] | None:
         """The proven records from offset `start` on, as far as they run without a hole; those
         before `start` are dropped. None if memory has folded past `start` but the records
         there are not here (dropped at the cap; they are the projector's to fetch).
@@ -263,6 +260,7 @@ class PartitionAppender:
     async def _flush(self) -> None:
         while self._queue:
             batch, self._queue = self._queue, []
+            self.proving += 1
             try:
                 answers = await self._prove(batch)
             except asyncio.CancelledError:
@@ -275,6 +273,8 @@ class PartitionAppender:
                 answers = [Answer(Kind.UNAVAILABLE, detail=f"{type(exc).__name__}: {exc}")] * len(
                     batch
                 )
+            finally:
+                self.proving -= 1
             for request, answer in zip(batch, answers, strict=True):
                 if not request.answer.done():
                     request.answer.set_result(answer)
@@ -297,40 +297,47 @@ class PartitionAppender:
             p.offset: Positioned(partition, p.offset, r.event)
             for p, r in zip(positions, batch, strict=True)
         }
-        written = {p.offset: r for p, r in zip(positions, batch, strict=True)}
+        texts: dict[int, str | None] = {}  # the own records' verdicts, as JSON
         async with self.lock:
             if loading is not None:
                 state.learn(await loading)
             target = max(own) + 1
             while state.next < target:
-                if state.next in own:
-                    items: list[Item] = [own[state.next]]
-                    records = [_written(partition, state.next, written[state.next])]
+                if state.next in own:  # ours, as many as follow one another
+                    end = state.next
+                    while end in own:
+                        end += 1
+                    items: list[Item] = [own[o] for o in range(state.next, end)]
                 else:  # foreign records before (or between) ours: fetch them now
                     upto = min([o for o in own if o > state.next] + [target])
-                    items, records = await self._gaps.between(partition, state.next, upto)
+                    items = await self._gaps.between(partition, state.next, upto)
                     if not items:
                         raise LeaderSuperseded(
                             f"partition {partition}: records from offset {state.next} did not "
                             f"arrive within {GAP_BOUND}s"
                         )
                 await self.ensure_known(items)
-                state.fold(items, items[-1].offset + 1)
-                self._hand_over(records)  # at once: what memory folded, `proven` holds
+                folded = state.fold(items, items[-1].offset + 1)
+                proven = [_proven(f, f.item.offset in own) for f in folded]
+                texts.update((p.offset, p.folded.verdict_json) for p in proven if p.own)
+                self._hand_over(proven)  # at once: what memory folded, `proven` holds
         answers: list[Answer] = []
         for position, request in zip(positions, batch, strict=True):
             verdict = state.verdict(request.event.event_id)
             if verdict is None:  # cannot happen: folded above, or decided earlier
                 answers.append(Answer(Kind.APPENDED, detail="no verdict in memory"))
             else:
-                answers.append(Answer(Kind.VERDICT, verdict, offset=position.offset))
+                text = texts.get(position.offset)
+                answers.append(
+                    Answer(Kind.VERDICT, verdict, offset=position.offset, verdict_json=text)
+                )
         return answers
 
-    def _hand_over(self, proven: list[LogRecord]) -> None:
+    def _hand_over(self, proven: list[Proven]) -> None:
         """Keep `proven` for the projector, which is told, unless it is not taking them."""
         if not proven:
             return
-        if len(self.proven) + len(proven) > APPENDED_CAP:
+        if len(self.proven) + len(proven) > PROVEN_CAP:
             self.proven.clear()  # not taken (skipping, halted): the projector fetches instead
         self.proven.extend(proven)
         if self.on_proven is not None:
@@ -339,14 +346,9 @@ class PartitionAppender:
     async def _produce(self, batch: list[_Request]) -> list[Position]:
         """Send every record at once (one produce request) and wait for every offset. No hint
         goes out: the records are handed to this process's projector (`take_proven`)."""
-        if len(self.appended) + len(batch) > APPENDED_CAP:
-            self.appended.clear()  # the projector is not fetching them (skipping, halted)
-        for request in batch:  # before sending: a fetch may bring them back before the ack
-            self.appended[request.data] = request.event
+        records = [(r.event.run_id, r.data) for r in batch]
         async with asyncio.timeout(PRODUCE_BOUND):
-            positions = await asyncio.gather(
-                *(self._events.append(r.event.run_id, r.data, hint=False) for r in batch)
-            )
+            positions = await self._events.append_many(records, hint=False)
         for position in positions:
             if position.partition != self.state.partition:
                 raise LogError(
@@ -357,10 +359,12 @@ class PartitionAppender:
         return list(positions)
 
 
-def _written(partition: int, offset: int, request: _Request) -> LogRecord:
-    """The record Kafka holds at `offset` for `request`: its key and value as appended (the
-    projector reads nothing else of a record, so the broker's timestamp is not needed)."""
-    return LogRecord(partition, offset, request.event.run_id.encode(), request.data, 0)
+def _proven(folded: Folded, own: bool) -> Proven:
+    """`folded` for the projector; the verdict of a record of its own made into JSON once,
+    for its answer and for the projection (a resend's verdict, decided before, is not in it)."""
+    if own and folded.verdict is not None:
+        folded = folded._replace(verdict_json=folded.verdict.model_dump_json())
+    return Proven(folded, own)
 
 
 def _settle(loaded: asyncio.Future[None], error: BaseException | None) -> None:

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from toolledger.events.codec import DecodeError, decode
-from toolledger.events.fold import DeadLetter, Positioned
-from toolledger.events.log import EventLog, LogRecord, partition_for
+from toolledger.events.fold import DeadLetter, Folded, Positioned
+from toolledger.events.log import EventLog, partition_for
 from toolledger.events.models import CallReserved, Event
 from toolledger.events.records import CallRecord
 from toolledger.events.signing import VerifyKeys
@@ -55,7 +55,7 @@ from toolledger.leader.runtime_side.frames import (
     runtime_may_append,
 )
 from toolledger.projections.dberrors import database_errors
-from toolledger.projections.following import Decode, PartitionFollower
+from toolledger.projections.following import PartitionFollower, Proven
 from toolledger.settings import split_address
 
 log = logging.getLogger("toolledger.leader")
@@ -160,18 +160,19 @@ class LeaderServer(PartitionFollower):
         items: Sequence[Positioned | DeadLetter],
         next_offset: int,
         halted: bool,
-    ) -> None:
+    ) -> list[Folded]:
         appender = self._led.get(partition)
         if appender is None:
-            return
+            return []
         state = appender.state
+        folded: list[Folded] = []
         try:
             async with appender.lock:
                 if state.superseded is None and not appender.in_use():
                     state.skip(next_offset)
                 elif state.superseded is None:
                     await appender.ensure_known([i for i in items if i.offset >= state.next])
-                    state.fold(items, next_offset)
+                    folded = state.fold(items, next_offset)
                     state.committing(next_offset)
         except LeaderSuperseded:
             pass
@@ -180,18 +181,10 @@ class LeaderServer(PartitionFollower):
                 "partition %d: leader stands down (%s: %s)", partition, type(exc).__name__, exc
             )
             state.supersede(f"{type(exc).__name__}: {exc}")
+            folded = []
         if halted:
             state.supersede(f"partition {partition} is halted at offset {next_offset}")
-
-    def lingers(self, partition: int, records: Sequence[LogRecord]) -> bool:
-        """Records this leader appended and answered may linger before they commit: their
-        runtimes have their verdicts from memory and wait for no commit. A foreign record (the
-        API's, a runtime's on the direct path) is awaited by its writer: it commits at once."""
-        appender = self._leading(partition)
-        if appender is None or not appender.in_use():
-            return False
-        appended = appender.appended
-        return all(record.value in appended for record in records)
+        return folded
 
     def attach(self, wake: Callable[[int], None]) -> None:
         self._wake = wake
@@ -200,27 +193,21 @@ class LeaderServer(PartitionFollower):
 
     def carries(self, partition: int) -> bool:
         """While runtimes ask for `partition`, this leader appends its records and hands them
-        over; a foreign writer's are fetched when its hint arrives, or with the leader's next
-        batch (`PartitionAppender._prove` fetches what lies before it)."""
+        over, folded; a foreign writer's are fetched when its hint or the partition's end
+        offset says they are there, or with the leader's next batch
+        (`PartitionAppender._prove` fetches what lies before it)."""
         appender = self._leading(partition)
         return appender is not None and appender.in_use()
 
-    def proven(self, partition: int, start: int) -> list[LogRecord] | None:
+    def covered(self, partition: int) -> int | None:
+        appender = self._led.get(partition)
+        if appender is None or appender.proving:
+            return None
+        return appender.state.next
+
+    def proven(self, partition: int, start: int) -> list[Proven] | None:
         appender = self._led.get(partition)  # superseded or not: they are the log's records
         return None if appender is None else appender.take_proven(start)
-
-    def decoder(self, partition: int, decode: Decode) -> Decode:
-        """The events this leader appended, for the bytes the projector fetches back."""
-        appender = self._led.get(partition)
-        if appender is None or not appender.appended:
-            return decode
-        appended = appender.appended
-
-        def decoded(value: bytes) -> Event:
-            event = appended.pop(value, None)
-            return decode(value) if event is None else event
-
-        return decoded
 
     def committed(self, partition: int, next_offset: int) -> None:
         appender = self._led.get(partition)
@@ -428,6 +415,8 @@ class _IndexAsked:
 
 
 def _body(answer: Answer) -> bytes:
+    if answer.kind is Kind.VERDICT and answer.verdict_json is not None:
+        return answer.verdict_json.encode()
     if answer.kind is Kind.VERDICT and answer.verdict is not None:
         return answer.verdict.model_dump_json().encode()
     if answer.kind is Kind.APPENDED:

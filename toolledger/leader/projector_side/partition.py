@@ -39,7 +39,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from toolledger.errors import ToolLedgerError
-from toolledger.events.fold import DeadLetter, LedgerFold, Positioned
+from toolledger.events.fold import DeadLetter, Folded, LedgerFold, Positioned
 from toolledger.events.records import CallRecord, RunRecord, Verdict
 from toolledger.events.signing import VerifyKeys
 
@@ -205,9 +205,11 @@ class LeaderPartition:
 
     # -- folding ----------------------------------------------------------------------------
 
-    def fold(self, items: Sequence[Item], end: int) -> None:
+    def fold(self, items: Sequence[Item], end: int) -> list[Folded]:
         """Fold the records of `[start, end)` not folded yet; `items` are in offset order and
-        start at or before `next`. Everything they name must be known (`needs` is empty)."""
+        start at or before `next`. Everything they name must be known (`needs` is empty).
+        Returns what folding decided for each record folded now (`Folded`), which the
+        projection writes as it is instead of folding those records again."""
         self.check_current()
         if items and items[0].offset > self.next:
             raise ValueError(
@@ -218,16 +220,18 @@ class LeaderPartition:
         if self.needs(fresh):
             raise ValueError(f"partition {self.partition}: folding records not loaded first")
         fold = self._fold
+        folded: list[Folded] = []
         for item in fresh:
             if item.offset != self.next:
                 raise ValueError(
                     f"partition {self.partition}: record at {item.offset}, expected {self.next}"
                 )
-            fold.apply(item)
+            folded.append(fold.folded(item))
             if isinstance(item, Positioned):
                 self._undecided.discard(item.event.event_id)
             self.next = item.offset + 1
         self.next = max(self.next, end)
+        return folded
 
     def verdict(self, event_id: uuid.UUID) -> Verdict | None:
         """The verdict of a folded (or earlier decided) event_id."""

@@ -168,6 +168,11 @@ class FrameWriter:
         """Wait while the transport's buffer is over its high-water mark (backpressure)."""
         await self._writer.drain()
 
+    def full(self) -> bool:
+        """Whether `drain` would wait: the transport holds its high-water mark or more."""
+        transport = self._writer.transport
+        return transport.get_write_buffer_size() >= transport.get_write_buffer_limits()[1]
+
     def _write(self) -> None:
         data = b"".join(self._queued)
         self._queued.clear()

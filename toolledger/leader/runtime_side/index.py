@@ -88,8 +88,8 @@ class LeaderIndex:
     ) -> dict[str, Any] | None:
         """The leader's `INDEX` answer, or None (and the leader marked) if it gave none."""
         try:
-            async with asyncio.timeout(self.bound):
-                frame = await connection.request(Kind.READ_INDEX, json.dumps(asked).encode())
+            body = json.dumps(asked).encode()
+            frame = await connection.request(Kind.READ_INDEX, body, self.bound)
         except (TimeoutError, OSError) as exc:
             for partition in partitions:
                 self.directory.failed(partition, f"{type(exc).__name__} {exc}".strip())

@@ -166,8 +166,7 @@ class LeaderPort(RuntimePort):
             return None
         self.sent[kind.name] += 1
         try:
-            async with asyncio.timeout(max(min(self.bound, within), 0.001)):
-                frame = await connection.request(kind, body)
+            frame = await connection.request(kind, body, max(min(self.bound, within), 0.001))
         except (TimeoutError, OSError) as exc:
             unreachable = None if connection.reached else connection.address
             self.directory.failed(partition, f"{type(exc).__name__} {exc}".strip(), unreachable)
