@@ -20,13 +20,15 @@ class VerdictHold:
     def __init__(self, store: LedgerStore) -> None:
         self._open = asyncio.Event()
         self._open.set()
-        apply_written = store.apply_written
+        # Both ways a projector writes a batch: folded there, or as its leader folded it.
+        for name in ("apply_written", "apply_folded"):
+            write = getattr(store, name)
 
-        async def held(*args: Any, **kwargs: Any) -> Any:
-            await self._open.wait()
-            return await apply_written(*args, **kwargs)
+            async def held(*args: Any, _write: Any = write, **kwargs: Any) -> Any:
+                await self._open.wait()
+                return await _write(*args, **kwargs)
 
-        store.apply_written = held  # type: ignore[method-assign]
+            setattr(store, name, held)
 
     def hold(self) -> None:
         self._open.clear()

@@ -212,12 +212,24 @@ async def test_the_projector_does_not_decode_again_what_its_leader_appended(
     """The records a leader appended come back to its projector as the bytes it sent, which
     decode to the events it already holds: the projector must fold those events rather than
     decode them a second time, still decode every other writer's records, and commit the
-    verdicts the leader answered."""
+    verdicts the leader answered.
+
+    A partition is carried from a runtime's first request to it: a fetch already waiting on it
+    then may bring that first record back (once, as the partition comes into use), so each
+    run's partition is put in use, and its records committed, before decoding is counted."""
     settings = _settings(isolated)
     async with running_stack(settings) as stack, _runtime(stack, settings) as port:
         await _all_led(port, partitions)
         projector = stack.projector
         assert projector is not None
+        warm = [b.reserved(f"r-own-{i}", f"warm{i}") for i in range(3)]
+        for event in warm:
+            assert (await port.append_and_await(event, 10)).accepted
+        await until(
+            lambda: _all_verdicts(stack, [e.event_id for e in warm]),
+            timeout=15,
+            what="the warm-up committed",
+        )
         decoded: list[uuid.UUID] = []
 
         def counting(value: bytes) -> Event:
@@ -228,7 +240,7 @@ async def test_the_projector_does_not_decode_again_what_its_leader_appended(
         projector.decode = counting
         events = _calls(4, tag="r-own")
         answered = [await port.append_and_await(e, 10) for e in events]
-        assert port.stats == {"leader": 8, "direct": 0}
+        assert port.stats == {"leader": 3 + 8, "direct": 0}
         foreign = b.reserved("r-foreign", "c1")
         await stack.commands.append_and_await(foreign, 10)
         ids = [e.event_id for e in events]

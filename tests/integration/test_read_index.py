@@ -20,6 +20,7 @@ from tests.integration.leader_support import all_led, leader_of, leader_settings
 from tests.isolated import Isolated, running_stack
 from tests.verdict_hold import VerdictHold
 from toolledger.events.codec import encode
+from toolledger.events.fold import Folded
 from toolledger.port import CallQuery
 from toolledger.projections.barrier import StaleRead
 
@@ -69,8 +70,10 @@ async def test_a_leader_behind_another_writers_record_is_not_taken_at_its_word(
         await all_led(port, settings.partitions)
         assert (await port.append_and_await(reserved, 10)).accepted
 
-        async def folds_nothing(*_: Any) -> None:
-            """The projector's batches no longer reach the leader's memory."""
+        async def folds_nothing(*_: Any) -> list[Folded]:
+            """The projector's batches no longer reach the leader's memory (and, folded by
+            nobody there, the projector folds them itself)."""
+            return []
 
         leader_of(stack).folding = folds_nothing  # type: ignore[method-assign,assignment]
         completed = b.completed(reserved)

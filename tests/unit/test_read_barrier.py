@@ -40,11 +40,15 @@ class Log:
 class Positions:
     def __init__(self) -> None:
         self.at: dict[int, int] = {}
+        self.halted: dict[int, str] = {}
         self.reads = 0
 
     async def committed(self, partitions: Collection[int]) -> dict[int, int]:
         self.reads += 1
         return {p: self.at[p] for p in partitions if p in self.at}
+
+    async def halts(self, partitions: Collection[int]) -> dict[int, str]:
+        return {p: self.halted[p] for p in partitions if p in self.halted}
 
 
 def barrier(log: Log, positions: Positions, timeout: float = 5.0) -> ReadBarrier:
@@ -121,6 +125,22 @@ async def test_past_the_bound_the_read_is_stale_naming_each_partition_behind() -
     assert "partition 2 is committed to offset 7, the log ends at 8 (1 record behind)" in said
     assert "partition 1" not in said and "TOOLLEDGER_READ_BARRIER_TIMEOUT_S" in said
     assert stale.value.code == "stale_read"
+
+
+async def test_a_read_waiting_for_a_halted_partition_is_stale_at_once_saying_why() -> None:
+    """A halted partition is committed no further until someone deploys: a reader waiting for
+    it used to wait out the whole bound, which held a console page past its client's time-out
+    while the banner said why. It must fail soon after its first look, naming the halt."""
+    log, positions = Log(), Positions()
+    positions.at = dict.fromkeys(range(4), 1)
+    p = partition_for("r1", 4)
+    log.ends[p] = 5
+    positions.halted[p] = "halted at offset 1: unknown key id ops-x"
+    gate = barrier(log, positions, timeout=30.0)
+    began = asyncio.get_running_loop().time()
+    with pytest.raises(StaleRead, match=f"partition {p} is halted: halted at offset 1"):
+        await gate.wait(["r1"])
+    assert asyncio.get_running_loop().time() - began < 10.0, "waited out the bound"
 
 
 async def test_a_log_that_cannot_say_where_it_ends_is_a_stale_read_not_an_old_one() -> None:

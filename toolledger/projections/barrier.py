@@ -26,7 +26,11 @@ every waiting reader: the positions are read again on a hint (`hint`: a verdict 
 in-process commit) or every `poll` seconds, never in a tight loop.
 
 The wait is bounded (`TOOLLEDGER_READ_BARRIER_TIMEOUT_S`): past it the read raises `StaleRead`,
-naming the partitions and how far behind they are, rather than return what might be old. This
+naming the partitions and how far behind they are, rather than return what might be old. A
+reader still waiting after `HALT_CHECK_S` asks once whether a partition it waits for is halted
+(`Committed.halts`, recorded by its owner): a halted partition goes no further until someone
+deploys, so the read fails at once, saying why, instead of holding a console page or an API
+client for the whole bound. This
 is for freshness only: the projection's correctness never depends on end offsets.
 """
 
@@ -47,6 +51,8 @@ log = logging.getLogger("toolledger.barrier")
 
 #: Seconds between reads of the committed positions while a reader waits and no hint came.
 POLL_S = 0.005
+#: Seconds a reader waits before asking whether a partition it waits for is halted.
+HALT_CHECK_S = 0.25
 #: A partition with no `projection_offsets` row has committed nothing: its offset 0 is the
 #: epoch marker, which is never folded, so 1 is where its projection starts.
 UNBOUND = 1
@@ -70,6 +76,8 @@ class Committed(Protocol):
     """How far the projection has committed each partition (`PointReads` is one)."""
 
     async def committed(self, partitions: Collection[int]) -> dict[int, int]: ...
+
+    async def halts(self, partitions: Collection[int]) -> dict[int, str]: ...
 
 
 @dataclass(frozen=True)
@@ -174,6 +182,14 @@ class ReadBarrier:
                 self._watching(), name="toolledger-barrier-watch"
             )
         try:
+            first = min(deadline, time.monotonic() + HALT_CHECK_S)
+            try:
+                async with asyncio.timeout(max(first - time.monotonic(), 0.0)):
+                    await asyncio.shield(wait.reached)
+                return
+            except TimeoutError:
+                pass
+            await self._not_halted(wait)
             async with asyncio.timeout(max(deadline - time.monotonic(), 0.0)):
                 await asyncio.shield(wait.reached)
         except TimeoutError:
@@ -207,6 +223,22 @@ class ReadBarrier:
                 reached = all(committed.get(p, UNBOUND) >= end for p, end in w.targets.items())
                 if reached and not w.reached.done():
                     w.reached.set_result(None)
+
+    async def _not_halted(self, wait: _Wait) -> None:
+        """`StaleRead` now if a partition `wait` needs is halted where it stands."""
+        behind = [p for p, end in wait.targets.items() if wait.seen.get(p, UNBOUND) < end]
+        try:
+            halts = await self.committed.halts(behind)
+        except Exception as exc:  # the wait goes on: its bound still holds
+            log.debug("cannot read the halts of %s (%s)", behind, exc)
+            return
+        if halts and not wait.reached.done():
+            why = "; ".join(f"partition {p} is halted: {halts[p]}" for p in sorted(halts))
+            raise StaleRead(
+                f"the ledger cannot be shown fresh: {why}. Nothing was read, so nothing old "
+                "was shown; the read succeeds again once the partition's projector goes on "
+                "(toolledger status)."
+            )
 
     def _stale(self, wait: _Wait) -> str:
         behind = [

@@ -113,8 +113,8 @@ class DeploymentStatus:
         shown = asdict(self)
         for row, partition in zip(shown["partitions"], self.partitions, strict=True):
             row["lag"] = partition.lag
-        if partition.lease is not None:
-            row["lease"]["stale"] = partition.lease.stale
+            if partition.lease is not None:
+                row["lease"]["stale"] = partition.lease.stale
             row["problems"] = partition.problems
         shown["problems"] = self.problems
         return shown

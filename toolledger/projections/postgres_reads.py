@@ -46,6 +46,10 @@ _CALLS = (
 )
 _VERDICTS = VERDICTS_BY_ID
 _COMMITTED = "SELECT partition, next_offset FROM projection_offsets WHERE partition = ANY($1)"
+_HALTS = (
+    "SELECT partition, halted FROM projection_offsets "
+    "WHERE partition = ANY($1) AND halted IS NOT NULL"
+)
 
 
 class PostgresReads(PointReads):
@@ -73,6 +77,10 @@ class PostgresReads(PointReads):
     async def committed(self, partitions: Collection[int]) -> dict[int, int]:
         rows = await self._fetch(_COMMITTED, list(partitions))
         return {int(row["partition"]): int(row["next_offset"]) for row in rows}
+
+    async def halts(self, partitions: Collection[int]) -> dict[int, str]:
+        rows = await self._fetch(_HALTS, list(partitions))
+        return {int(row["partition"]): str(row["halted"]) for row in rows}
 
     async def _fetch(self, sql: str, *args: Any) -> list[asyncpg.Record]:
         async with self._lock:

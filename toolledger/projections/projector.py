@@ -626,8 +626,18 @@ class Projector:
         if batch.halted is not None:
             log.error(batch.halted)
             self.stats.halted[partition] = batch.halted
+            await self._record_halt(partition, batch.halted)
             await self._assign()
         return len(verdicts)
+
+    async def _record_halt(self, partition: int, reason: str) -> None:
+        """Write the halt beside the partition's offset now, where readers of other processes
+        look (a reader waiting at the read barrier fails at once instead of for its whole
+        bound; `toolledger status`); the health loop writes it again if this fails."""
+        try:
+            await self.store.record_halt(partition, self._owned[partition], reason)
+        except Exception as exc:
+            log.warning("partition %d's halt not recorded yet (%r)", partition, exc)
 
     def _lease_lapsed(self, partition: int) -> None:
         """This process stalled past its lease and its lock session is gone: the partition is

@@ -41,6 +41,12 @@ class PointReads(VerdictSource):
         """The next offset the projection committed for each of `partitions` that has a
         position (the read barrier's, `toolledger.projections.barrier`)."""
 
+    async def halts(self, partitions: Collection[int]) -> dict[int, str]:
+        """Why each halted one of `partitions` stopped, as its owner recorded it: a halted
+        partition is committed no further until someone deploys, so a reader waiting for it
+        is told at once. None known, by default."""
+        return {}
+
     async def close(self) -> None:
         """Release what the reader holds (a connection); it may be used again after."""
 
