@@ -146,12 +146,24 @@ async def _reconcile_finding(
 
 async def _direct_runtime(stack: LedgerStack, reserved: CallReserved, version: int) -> list[Event]:
     """A runtime on the direct path (its port: append, then await the committed verdict)
-    reserving and completing another call of the same run."""
+    reserving and completing another call of the same run. Two hints this close together are
+    a busy foreign writer, whose partition is tailed until it goes quiet
+    (`toolledger.projections.carried`): the leader's next batch is appended once the
+    partition is parked again, as it would be after any writer went quiet."""
     direct = StackPort(stack)
     other = b.reserved(RUN, "c-direct")
     assert (await direct.append_and_await(other, 10)).accepted
     done = b.completed(other)
     assert (await direct.append_and_await(done, 10)).accepted
+    projector = stack.projector
+    assert projector is not None
+    partition = partition_for(RUN, await stack.events.partition_count())
+    await until(
+        lambda: partition in projector.parked,
+        timeout=10,
+        what="the direct runtime's partition parked again",
+        interval=0.005,
+    )
     return [other, done]
 
 
