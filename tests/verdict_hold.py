@@ -30,6 +30,11 @@ class VerdictHold:
 
             setattr(store, name, held)
 
+    @property
+    def released(self) -> asyncio.Event:
+        """Set while commits go through; setting it releases the held ones."""
+        return self._open
+
     def hold(self) -> None:
         self._open.clear()
 

@@ -21,6 +21,7 @@ import asyncpg
 from tests import builders as b
 from tests.integration.procs import Proc, until
 from tests.isolated import Isolated
+from tests.verdict_hold import VerdictHold
 from toolledger.drill.ledgerdb import LedgerDB
 from toolledger.events.models import Event
 from toolledger.events.records import Verdict
@@ -65,16 +66,9 @@ async def all_led(port: LeaderPort, partitions: int) -> dict[int, str | None]:
 def hold_commits(store: LedgerStore) -> asyncio.Event:
     """Hold every batch `store` would write (folded there or by a leader) until the event
     returned is set: the state "answered, projection not committed"."""
-    released = asyncio.Event()
-    for name in ("apply_written", "apply_folded"):
-        write = getattr(store, name)
-
-        async def held(*args: Any, _write: Any = write, **kwargs: Any) -> Any:
-            await released.wait()
-            return await _write(*args, **kwargs)
-
-        setattr(store, name, held)
-    return released
+    hold = VerdictHold(store)
+    hold.hold()
+    return hold.released
 
 
 def leader_of(stack: LedgerStack) -> LeaderServer:

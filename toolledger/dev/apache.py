@@ -27,7 +27,6 @@ import json
 import os
 import shutil
 import subprocess
-import time
 import uuid
 from importlib import resources
 from pathlib import Path
@@ -37,14 +36,12 @@ from toolledger.dev.processes import (
     DevStackError,
     DevStackMissing,
     Service,
-    exited,
     free_port,
     port_free,
-    run_blocking,
     spawn,
     stop,
     tail,
-    tcp_answers,
+    wait_for_broker,
 )
 
 PROBE_TOPIC = "toolledger-devstack-probe"
@@ -158,16 +155,7 @@ def server_properties(data: Path, broker_port: int, controller_port: int) -> str
 def wait_until_acknowledged(service: Service, timeout: float) -> bool:
     """Whether the broker acknowledges a produce (acks=all) before `timeout`; False once it
     exits. Its port answers seconds before it can take a write."""
-    assert service.pid is not None
-    host, _, port = service.address.rpartition(":")
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if exited(service.pid) or not service.is_running():
-            return False
-        if tcp_answers(host, int(port)) and run_blocking(_acknowledges(service.address, 5.0)):
-            return True
-        time.sleep(0.2)
-    return False
+    return wait_for_broker(service, timeout, lambda address: _acknowledges(address, 5.0), 0.2)
 
 
 async def _acknowledges(bootstrap: str, seconds: float) -> bool:

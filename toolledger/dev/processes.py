@@ -16,7 +16,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -147,6 +147,26 @@ def tcp_answers(host: str, port: int, timeout: float = 0.5) -> bool:
             return True
     except OSError:
         return False
+
+
+def wait_for_broker(
+    service: Service,
+    timeout: float,
+    ready: Callable[[str], Coroutine[Any, Any, bool]],
+    pause: float,
+) -> bool:
+    """Whether `ready(address)` holds for the broker `service` before `timeout`, asked once its
+    port answers and every `pause` seconds; False once it exits."""
+    assert service.pid is not None
+    host, _, port = service.address.rpartition(":")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if exited(service.pid) or not service.is_running():
+            return False
+        if tcp_answers(host, int(port)) and run_blocking(ready(service.address)):
+            return True
+        time.sleep(pause)
+    return False
 
 
 def free_port() -> int:

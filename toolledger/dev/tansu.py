@@ -8,21 +8,18 @@ suite on Apache Kafka (`toolledger.dev.apache`) and only a lane of it here.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from toolledger.dev.processes import (
     DevStackError,
     DevStackMissing,
     Service,
-    exited,
     free_port,
     kafka_answers,
-    run_blocking,
     spawn,
     stop,
     tail,
-    tcp_answers,
+    wait_for_broker,
 )
 
 KAFKA_BOOTSTRAP_ENV = "TOOLLEDGER_KAFKA_BOOTSTRAP"
@@ -65,13 +62,4 @@ def start_tansu(home: Path, timeout: float = 30.0, port: int | None = None) -> S
 
 def wait_for_kafka(service: Service, timeout: float) -> bool:
     """Whether the broker answers a metadata request before `timeout` (False once it exits)."""
-    assert service.pid is not None
-    host, _, port = service.address.rpartition(":")
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if exited(service.pid) or not service.is_running():
-            return False
-        if tcp_answers(host, int(port)) and run_blocking(kafka_answers(service.address, 2.0)):
-            return True
-        time.sleep(0.05)
-    return False
+    return wait_for_broker(service, timeout, lambda address: kafka_answers(address, 2.0), 0.05)
